@@ -1,0 +1,139 @@
+"""The `circuitbook` command: build, run, params, scorecard."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import yaml
+
+from . import build as build_mod
+from . import claims, params
+
+
+def default_profile() -> str:
+    """`full` where a CUDA GPU is present, else `cpu`."""
+    try:
+        import torch
+
+        return "full" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def _parse_value(text: str):
+    """A -p value: YAML scalar or list (`3`, `0.5`, `true`, `[1, 2]`, `adamw`)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="circuitbook",
+        description="Build and query the circuitbook Jupyter Book: execute its notebooks with papermill at a "
+                    "profile (smoke: CI, seconds; cpu: a laptop; full: the papers' scale on a GPU), render the "
+                    "book, list parameters, and print the claims scorecard.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    profile_help = "smoke | cpu | full (default: full with a CUDA GPU, else cpu)"
+
+    b = sub.add_parser("build", help="execute the notebooks and render the book",
+                       description="Stage the sources under _build/PROFILE/src, execute every notebook of _toc.yml "
+                                   "in order with papermill (unchanged notebooks come from the cache), generate the "
+                                   "scorecard and render HTML to _build/PROFILE/html.")
+    b.add_argument("--profile", choices=params.PROFILES, default=None, help=profile_help)
+    b.add_argument("--chapter", action="append", metavar="SLUG", default=None,
+                   help="execute only this chapter (repeatable); others use cached outputs if any")
+    b.add_argument("--force", action="store_true", help="re-execute notebooks even if their inputs are unchanged")
+    b.add_argument("--keep-going", action="store_true",
+                   help="render the book even if a notebook fails (the failure is shown on its page); exit 1")
+
+    r = sub.add_parser("run", help="execute one notebook with parameter overrides",
+                       description="Execute one notebook with papermill; print the executed notebook's path. "
+                                   "Results of a run with overrides are kept apart from the profile's own.")
+    r.add_argument("notebook", metavar="NOTEBOOK", help="path (chapters/assign_add/02_training.ipynb) or CHAPTER/NOTEBOOK")
+    r.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"), default=[],
+                   help="override a parameter (value parsed as YAML: 3, 0.5, true, [1, 2])")
+    r.add_argument("--profile", choices=params.PROFILES, default=None, help=profile_help)
+
+    q = sub.add_parser("params", help="list parameters, their values per profile, types and ranges",
+                       description="List every parameter of the book, a chapter or a notebook with its value at "
+                                   "each profile, its type and its allowed range.")
+    q.add_argument("target", nargs="?", metavar="CHAPTER[/NOTEBOOK]", help="a chapter slug or CHAPTER/NOTEBOOK")
+    q.add_argument("--profile", choices=params.PROFILES, default=None, help="show only this profile's values")
+
+    s = sub.add_parser("scorecard", help="every claim with paper value, measured value and status",
+                       description="Print every claim id of PAPERS.md with statement, the paper's value, the value "
+                                   "measured at PROFILE, status and the run it came from.")
+    s.add_argument("--profile", choices=params.PROFILES, default=None, help=profile_help)
+    s.add_argument("--json", action="store_true", help="print a JSON list of {id, status, paper, measured, profile, ...}")
+    return p
+
+
+def cmd_build(a) -> int:
+    profile = a.profile or default_profile()
+    build_mod.build(profile, a.chapter, force=a.force, keep_going=a.keep_going)
+    return 0
+
+
+def cmd_run(a) -> int:
+    overrides = {}
+    for name, value in a.param:
+        if name in overrides:
+            raise params.ParameterError(f"-p {name} is given twice")
+        overrides[name] = _parse_value(value)
+    out = build_mod.run_one(a.notebook, a.profile or default_profile(), overrides)
+    print(out)
+    return 0
+
+
+def cmd_params(a) -> int:
+    targets: list[tuple[str, str | None]]
+    if a.target:
+        chapter, _, notebook = a.target.strip("/").partition("/")
+        params.chapter_dir(chapter)
+        targets = [(chapter, notebook or None)]
+    else:
+        targets = [(c, None) for c in params.chapters()]
+    profiles = [a.profile] if a.profile else list(params.PROFILES)
+    for chapter, notebook in targets:
+        rows = params.table(chapter, notebook)
+        print(f"\n{chapter}{'/' + notebook if notebook else ''}")
+        if not rows:
+            print("  (no parameters)")
+            continue
+        width = max(len(r["name"]) for r in rows)
+        for r in rows:
+            values = "  ".join(f"{p}={r[p]!r}" for p in profiles)
+            print(f"  {r['name']:<{width}}  {values}  [{r['allowed']}]  {r['help']}")
+    return 0
+
+
+def cmd_scorecard(a) -> int:
+    profile = a.profile or default_profile()
+    rows = claims.scorecard(profile)
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        print(f"{r['id']:<6} {r['status']:<16.60} paper: {r['paper'][:40]:<40}  measured: {r['measured'] or '-'}")
+        if r["runs"]:
+            print(f"       run: {', '.join(r['runs'])}")
+    counts = {s: sum(r["status"].startswith(s) for r in rows) for s in claims.STATUSES}
+    print(f"\nprofile {profile}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    a = parser.parse_args(argv)
+    try:
+        return {"build": cmd_build, "run": cmd_run, "params": cmd_params, "scorecard": cmd_scorecard}[a.command](a)
+    except (params.ParameterError, build_mod.BuildError, ValueError) as e:
+        print(f"circuitbook {a.command}: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, (params.ParameterError, ValueError)) and not isinstance(e, build_mod.BuildError) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""The book's one small transformer, on TransformerLens's HookedRootModule.
+
+Weight and hook names follow TransformerLens (`embed.W_E`, `blocks.0.attn.W_Q`
+of shape [n_heads, d_model, d_head], `blocks.1.mlp.hook_pre`, ...), so
+`run_with_cache`, `ActivationCache`, `FactoredMatrix` and the patching tools
+work unchanged. Every variant the papers need is a field of `ToyConfig`.
+The forward pass has no data-dependent Python control flow, so it runs under
+`torch.func.vmap` for ensemble training.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformer_lens import FactoredMatrix, HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+POSITIONAL = ("learned", "relative", "none")
+NORMALIZATION = (None, "LN")
+ACT_FNS = ("relu", "gelu")
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    d_vocab: int
+    n_ctx: int
+    d_model: int
+    n_layers: int = 1
+    n_heads: int = 1
+    d_head: int | None = None  # default d_model // n_heads
+    d_mlp: int = 0
+    mlp: tuple[bool, ...] | bool = True  # per layer; no MLP anywhere when d_mlp == 0
+    d_vocab_out: int | None = None  # default d_vocab
+    act_fn: str = "relu"
+    bias: bool = True
+    normalization: str | None = None  # "LN" (pre-norm + final LN) or None
+    positional: str = "learned"  # learned absolute, relative bias per head, or none
+    one_hot_embed: bool = False  # W_E = identity (frozen); needs d_model == d_vocab
+    merged_qk: bool = False  # one W_QK [n_heads, d_model, d_model] per layer
+    frozen: tuple[str, ...] = ()  # parameter-name patterns the optimizer never updates
+    attn_scale: float | None = None  # default sqrt(d_head)
+    init_std: float | None = None  # default 1 / sqrt(d_model); 0 = all-zero init
+    layer_norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        def check(ok, name, allowed):
+            if not ok:
+                raise ValueError(f"ToyConfig.{name}={getattr(self, name)!r} is not allowed; expected {allowed}")
+
+        for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads"):
+            check(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an integer >= 1")
+        check(self.positional in POSITIONAL, "positional", f"one of {POSITIONAL}")
+        check(self.normalization in NORMALIZATION, "normalization", f"one of {NORMALIZATION}")
+        check(self.act_fn in ACT_FNS, "act_fn", f"one of {ACT_FNS}")
+        check(self.d_mlp >= 0, "d_mlp", "an integer >= 0")
+        check(self.d_head is None or self.d_head >= 1, "d_head", "None or an integer >= 1")
+        check(not self.one_hot_embed or self.d_model == self.d_vocab, "one_hot_embed",
+              f"False unless d_model == d_vocab ({self.d_model} != {self.d_vocab})")
+        mlp = self.mlp if isinstance(self.mlp, bool) else tuple(self.mlp)
+        if not isinstance(mlp, bool):
+            check(len(mlp) == self.n_layers, "mlp", f"a bool or {self.n_layers} bools (one per layer)")
+        object.__setattr__(self, "mlp", mlp)
+        object.__setattr__(self, "frozen", tuple(self.frozen))
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_head or self.d_model // self.n_heads
+
+    @property
+    def out_dim(self) -> int:
+        return self.d_vocab_out or self.d_vocab
+
+    def has_mlp(self, layer: int) -> bool:
+        on = self.mlp if isinstance(self.mlp, bool) else self.mlp[layer]
+        return on and self.d_mlp > 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["mlp"] = self.mlp if isinstance(self.mlp, bool) else list(self.mlp)
+        d["frozen"] = list(self.frozen)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ToyConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown ToyConfig fields {unknown}; allowed: {sorted(known)}")
+        d = dict(d)
+        if isinstance(d.get("mlp"), list):
+            d["mlp"] = tuple(d["mlp"])
+        if "frozen" in d:
+            d["frozen"] = tuple(d["frozen"])
+        return cls(**d)
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, cfg: ToyConfig):
+        super().__init__()
+        self.eps = cfg.layer_norm_eps
+        self.w = nn.Parameter(torch.ones(cfg.d_model))
+        self.b = nn.Parameter(torch.zeros(cfg.d_model))
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x):
+        x = x - x.mean(-1, keepdim=True)
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(x / scale * self.w + self.b)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ToyConfig):
+        super().__init__()
+        h, d, dh = cfg.n_heads, cfg.d_model, cfg.head_dim
+        self.cfg = cfg
+        if cfg.merged_qk:
+            self.W_QK = nn.Parameter(torch.empty(h, d, d))
+        else:
+            self.W_Q = nn.Parameter(torch.empty(h, d, dh))
+            self.W_K = nn.Parameter(torch.empty(h, d, dh))
+            if cfg.bias:
+                self.b_Q = nn.Parameter(torch.zeros(h, dh))
+                self.b_K = nn.Parameter(torch.zeros(h, dh))
+        self.W_V = nn.Parameter(torch.empty(h, d, dh))
+        self.W_O = nn.Parameter(torch.empty(h, dh, d))
+        if cfg.bias:
+            self.b_V = nn.Parameter(torch.zeros(h, dh))
+            self.b_O = nn.Parameter(torch.zeros(d))
+        if cfg.positional == "relative":
+            # P[h, k]: added to the score of query i on key i - k (the k-th sub-diagonal)
+            self.P = nn.Parameter(torch.zeros(h, cfg.n_ctx))
+        self.register_buffer("mask", torch.tril(torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool)), persistent=False)
+        offsets = torch.arange(cfg.n_ctx)[:, None] - torch.arange(cfg.n_ctx)[None, :]
+        self.register_buffer("offsets", offsets.clamp(min=0), persistent=False)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_attn_scores = HookPoint()  # [batch, head, query_pos, key_pos]
+        self.hook_pattern = HookPoint()  # [batch, head, query_pos, key_pos]
+        self.hook_z = HookPoint()  # [batch, pos, head, d_head]
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        """Bilinear query-key map per head, [n_heads, d_model, d_model]."""
+        if self.cfg.merged_qk:
+            return FactoredMatrix(self.W_QK, torch.eye(self.cfg.d_model, device=self.W_QK.device).expand_as(self.W_QK))
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-1, -2))
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        return FactoredMatrix(self.W_V, self.W_O)
+
+    def forward(self, x):
+        cfg = self.cfg
+        n = x.shape[-2]
+        scale = cfg.attn_scale if cfg.attn_scale is not None else math.sqrt(cfg.head_dim)
+        v = torch.einsum("bpd,hde->bphe", x, self.W_V)
+        if cfg.bias:
+            v = v + self.b_V
+        v = self.hook_v(v)
+        if cfg.merged_qk:
+            q = self.hook_q(torch.einsum("bpd,hde->bphe", x, self.W_QK))
+            k = self.hook_k(x.unsqueeze(-2).expand(*x.shape[:-1], cfg.n_heads, cfg.d_model))
+        else:
+            q = torch.einsum("bpd,hde->bphe", x, self.W_Q)
+            k = torch.einsum("bpd,hde->bphe", x, self.W_K)
+            if cfg.bias:
+                q, k = q + self.b_Q, k + self.b_K
+            q, k = self.hook_q(q), self.hook_k(k)
+        scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / scale
+        if cfg.positional == "relative":
+            scores = scores + self.P[:, self.offsets[:n, :n]]
+        scores = self.hook_attn_scores(scores.masked_fill(~self.mask[:n, :n], float("-inf")))
+        pattern = self.hook_pattern(scores.softmax(-1))
+        z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))
+        out = torch.einsum("bqhe,hed->bqd", z, self.W_O)
+        return out + self.b_O if cfg.bias else out
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ToyConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+        if cfg.bias:
+            self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
+            self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()  # [batch, pos, d_mlp]
+
+    def forward(self, x):
+        pre = x @ self.W_in
+        if self.cfg.bias:
+            pre = pre + self.b_in
+        act = F.relu if self.cfg.act_fn == "relu" else F.gelu
+        out = self.hook_post(act(self.hook_pre(pre))) @ self.W_out
+        return out + self.b_out if self.cfg.bias else out
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ToyConfig, layer: int):
+        super().__init__()
+        self.has_mlp = cfg.has_mlp(layer)
+        self.has_ln = cfg.normalization == "LN"
+        if self.has_ln:
+            self.ln1 = LayerNorm(cfg)
+        self.attn = Attention(cfg)
+        if self.has_mlp:
+            if self.has_ln:
+                self.ln2 = LayerNorm(cfg)
+            self.mlp = MLP(cfg)
+            self.hook_resid_mid = HookPoint()
+            self.hook_mlp_out = HookPoint()
+        self.hook_resid_pre = HookPoint()
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, resid):
+        resid = self.hook_resid_pre(resid)
+        resid = resid + self.hook_attn_out(self.attn(self.ln1(resid) if self.has_ln else resid))
+        if self.has_mlp:
+            resid = self.hook_resid_mid(resid)
+            resid = resid + self.hook_mlp_out(self.mlp(self.ln2(resid) if self.has_ln else resid))
+        return self.hook_resid_post(resid)
+
+
+class Embed(nn.Module):
+    def __init__(self, cfg: ToyConfig):
+        super().__init__()
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+
+    def forward(self, tokens):
+        return self.W_E[tokens]
+
+
+class PosEmbed(nn.Module):
+    def __init__(self, cfg: ToyConfig):
+        super().__init__()
+        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
+
+    def forward(self, tokens):
+        return self.W_pos[: tokens.shape[-1]].expand(*tokens.shape, -1)
+
+
+class Unembed(nn.Module):
+    def __init__(self, cfg: ToyConfig):
+        super().__init__()
+        self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.out_dim))
+        if cfg.bias:
+            self.b_U = nn.Parameter(torch.zeros(cfg.out_dim))
+        self.bias = cfg.bias
+
+    def forward(self, x):
+        return x @ self.W_U + self.b_U if self.bias else x @ self.W_U
+
+
+class ToyTransformer(HookedRootModule):
+    """A small causal transformer with TransformerLens names and hooks.
+
+    `ToyTransformer(cfg, seed=0)` draws its weights from `seed` without
+    touching the global RNG.
+    """
+
+    def __init__(self, cfg: ToyConfig, seed: int | None = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embed(cfg)
+        self.hook_embed = HookPoint()
+        if cfg.positional == "learned":
+            self.pos_embed = PosEmbed(cfg)
+            self.hook_pos_embed = HookPoint()
+        self.blocks = nn.ModuleList([Block(cfg, layer) for layer in range(cfg.n_layers)])
+        if cfg.normalization == "LN":
+            self.ln_final = LayerNorm(cfg)
+        self.unembed = Unembed(cfg)
+        self.init_weights(seed)
+        for name, p in self.named_parameters():
+            if self.is_frozen(name):
+                p.requires_grad_(False)
+        self.setup()
+
+    def is_frozen(self, name: str) -> bool:
+        from fnmatch import fnmatch
+
+        if self.cfg.one_hot_embed and name == "embed.W_E":
+            return True
+        return any(fnmatch(name, pattern) for pattern in self.cfg.frozen)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int | None):
+        """Weights ~ N(0, init_std^2); biases 0, LayerNorm gains 1; one-hot W_E = I."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        std = self.cfg.init_std if self.cfg.init_std is not None else 1 / math.sqrt(self.cfg.d_model)
+        for name, p in self.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf.startswith("W_"):
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+            elif leaf == "w":
+                p.fill_(1.0)
+            else:
+                p.zero_()
+        if self.cfg.one_hot_embed:
+            self.embed.W_E.copy_(torch.eye(self.cfg.d_vocab))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [batch, pos] -> logits [batch, pos, d_vocab_out]."""
+        resid = self.hook_embed(self.embed(tokens))
+        if self.cfg.positional == "learned":
+            resid = resid + self.hook_pos_embed(self.pos_embed(tokens))
+        for block in self.blocks:
+            resid = block(resid)
+        if self.cfg.normalization == "LN":
+            resid = self.ln_final(resid)
+        return self.unembed(resid)
+
+    @property
+    def W_E(self):
+        return self.embed.W_E
+
+    @property
+    def W_U(self):
+        return self.unembed.W_U
+
+    @property
+    def W_pos(self):
+        return self.pos_embed.W_pos
+
+    def trainable_names(self) -> list[str]:
+        return [n for n, p in self.named_parameters() if not self.is_frozen(n)]

@@ -1,0 +1,261 @@
+"""Profiles and parameters: what a notebook runs with, validated before compute.
+
+Each chapter folder (and `book/` for the tour) has a `profiles.yml`:
+
+    parameters:            # every knob: type, allowed range, help
+      steps: {type: int, min: 1, help: training steps}
+    defaults: {...}        # values shared by all profiles
+    smoke: {...}           # CI: seconds per notebook
+    cpu: {...}             # a laptop CPU
+    full: {...}            # the paper's scale, one GPU
+    notebooks:
+      02_training:
+        needs: [01_task]   # notebooks whose runs this one reads (build order, cache keys)
+        parameters: {...}  # knobs only this notebook has
+        defaults: {...}
+        smoke: {...}       # per-notebook, per-profile values
+        estimate_s: {smoke: 10, cpu: 600, full: 3600}
+
+Values resolve defaults -> profile -> notebook defaults -> notebook profile ->
+overrides. Every error names the parameter and what is allowed.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .runs import repo_root
+
+PROFILES = ("smoke", "cpu", "full")
+SCALAR_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "path": str}
+TYPES = tuple(SCALAR_TYPES) + tuple(f"list[{t}]" for t in ("int", "float", "str"))
+SPEC_KEYS = {"type", "min", "max", "choices", "nullable", "help"}
+BOOK_PSEUDO_CHAPTER = "book"  # the tour and other book-level notebooks
+
+
+class ParameterError(ValueError):
+    """A parameter, profile, chapter or notebook that is not allowed."""
+
+
+def _suggest(name: str, allowed) -> str:
+    close = difflib.get_close_matches(name, list(allowed), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def chapters() -> list[str]:
+    """Chapter slugs: folders of chapters/ with a profiles.yml, plus 'book'."""
+    root = repo_root()
+    found = sorted(p.parent.name for p in (root / "chapters").glob("*/profiles.yml"))
+    return [BOOK_PSEUDO_CHAPTER] + found if (root / "book" / "profiles.yml").exists() else found
+
+
+def chapter_dir(chapter: str) -> Path:
+    known = chapters()
+    if chapter not in known:
+        raise ParameterError(f"unknown chapter {chapter!r}{_suggest(chapter, known)}; chapters: {', '.join(known)}")
+    root = repo_root()
+    return root / "book" if chapter == BOOK_PSEUDO_CHAPTER else root / "chapters" / chapter
+
+
+def notebooks(chapter: str) -> list[str]:
+    return sorted(p.stem for p in chapter_dir(chapter).glob("*.ipynb"))
+
+
+def check_profile(profile: str) -> str:
+    if profile not in PROFILES:
+        raise ParameterError(f"unknown profile {profile!r}{_suggest(str(profile), PROFILES)}; "
+                             f"profiles: {', '.join(PROFILES)}")
+    return profile
+
+
+def load_profiles(chapter: str) -> dict:
+    path = chapter_dir(chapter) / "profiles.yml"
+    data = yaml.safe_load(path.read_text()) or {}
+    allowed_top = {"parameters", "defaults", "notebooks", *PROFILES}
+    extra = set(data) - allowed_top
+    if extra:
+        raise ParameterError(f"{path}: unknown sections {sorted(extra)}; allowed: {sorted(allowed_top)}")
+    return data
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    type: str
+    min: float | None = None
+    max: float | None = None
+    choices: tuple | None = None
+    nullable: bool = False
+    help: str = ""
+
+    @classmethod
+    def parse(cls, name: str, raw: dict, where: str) -> "ParamSpec":
+        if not isinstance(raw, dict) or "type" not in raw:
+            raise ParameterError(f"{where}: parameter {name!r} needs a mapping with a 'type'")
+        if set(raw) - SPEC_KEYS:
+            raise ParameterError(f"{where}: parameter {name!r} has unknown keys {sorted(set(raw) - SPEC_KEYS)}")
+        if raw["type"] not in TYPES:
+            raise ParameterError(f"{where}: parameter {name!r} has type {raw['type']!r}; types: {', '.join(TYPES)}")
+        choices = tuple(raw["choices"]) if raw.get("choices") is not None else None
+        return cls(name, raw["type"], raw.get("min"), raw.get("max"), choices, bool(raw.get("nullable")),
+                   raw.get("help", ""))
+
+    def allowed(self) -> str:
+        """Human-readable description of the allowed values."""
+        base = self.type
+        if self.choices is not None:
+            base += " in {" + ", ".join(map(repr, self.choices)) + "}"
+        elif self.min is not None or self.max is not None:
+            lo = "-inf" if self.min is None else self.min
+            hi = "inf" if self.max is None else self.max
+            base += f" in [{lo}, {hi}]" + (" (each element)" if self.type.startswith("list") else "")
+        return base + (" or null" if self.nullable else "")
+
+    def validate(self, value: Any, where: str) -> Any:
+        """Return the value coerced to the declared type, or raise ParameterError."""
+        def fail():
+            return ParameterError(f"{where}: parameter {self.name!r} must be {self.allowed()}, "
+                                  f"got {value!r} ({type(value).__name__})")
+
+        if value is None:
+            if self.nullable:
+                return None
+            raise fail()
+        if self.type.startswith("list["):
+            if not isinstance(value, (list, tuple)) or not value:
+                raise fail()
+            elem = self.type[5:-1]
+            try:
+                return [self._scalar(v, elem) for v in value]
+            except ValueError:
+                raise fail() from None
+        try:
+            return self._scalar(value, self.type)
+        except ValueError:
+            raise fail() from None
+
+    def _scalar(self, v: Any, kind: str) -> Any:
+        if kind == "bool":
+            if not isinstance(v, bool):
+                raise ValueError
+            return v
+        if kind == "int":
+            if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
+                raise ValueError
+            v = int(v)
+        elif kind == "float":
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError
+            v = float(v)
+        elif not isinstance(v, str):
+            raise ValueError
+        if self.choices is not None and v not in self.choices:
+            raise ValueError
+        if kind in ("int", "float"):
+            if (self.min is not None and v < self.min) or (self.max is not None and v > self.max):
+                raise ValueError
+        return v
+
+
+class Params(dict):
+    """Resolved parameters of one notebook: a dict with attribute access."""
+
+    def __init__(self, values: dict, *, chapter: str, notebook: str, profile: str, overrides: dict):
+        super().__init__(values)
+        self.chapter, self.notebook, self.profile, self.overrides = chapter, notebook, profile, overrides
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no parameter {name!r}; parameters: {', '.join(sorted(self))}") from None
+
+
+def specs(chapter: str, notebook: str | None = None) -> dict[str, ParamSpec]:
+    data = load_profiles(chapter)
+    where = f"{chapter}/profiles.yml"
+    out = {n: ParamSpec.parse(n, raw, where) for n, raw in (data.get("parameters") or {}).items()}
+    if notebook is not None:
+        nb = _notebook_section(data, chapter, notebook)
+        out.update({n: ParamSpec.parse(n, raw, where) for n, raw in (nb.get("parameters") or {}).items()})
+    return out
+
+
+def _notebook_section(data: dict, chapter: str, notebook: str) -> dict:
+    known = notebooks(chapter)
+    if notebook not in known:
+        raise ParameterError(f"unknown notebook {notebook!r} in chapter {chapter!r}{_suggest(notebook, known)}; "
+                             f"notebooks: {', '.join(known) or '(none)'}")
+    return (data.get("notebooks") or {}).get(notebook) or {}
+
+
+def needs(chapter: str, notebook: str) -> list[str]:
+    return list(_notebook_section(load_profiles(chapter), chapter, notebook).get("needs") or [])
+
+
+def estimate_seconds(chapter: str, notebook: str, profile: str) -> float | None:
+    est = _notebook_section(load_profiles(chapter), chapter, notebook).get("estimate_s") or {}
+    return est.get(profile)
+
+
+def resolve(chapter: str, notebook: str, profile: str, overrides: dict | None = None) -> Params:
+    """The validated parameters of `chapter/notebook` at `profile` with `overrides`."""
+    check_profile(profile)
+    data = load_profiles(chapter)
+    nb = _notebook_section(data, chapter, notebook)
+    spec = specs(chapter, notebook)
+    where = f"{chapter}/{notebook} [{profile}]"
+    layers = [("defaults", data.get("defaults")), (profile, data.get(profile)),
+              (f"notebooks.{notebook}.defaults", nb.get("defaults")), (f"notebooks.{notebook}.{profile}", nb.get(profile)),
+              ("overrides", overrides)]
+    values: dict[str, Any] = {}
+    for layer, mapping in layers:
+        for name, value in (mapping or {}).items():
+            if name not in spec:
+                raise ParameterError(f"{where}: unknown parameter {name!r} (from {layer}){_suggest(name, spec)}; "
+                                     f"parameters: {', '.join(sorted(spec))}")
+            values[name] = spec[name].validate(value, where)
+    missing = [n for n, s in spec.items() if n not in values and not s.nullable]
+    if missing:
+        raise ParameterError(f"{where}: parameters {missing} have no value in profiles.yml")
+    for n, s in spec.items():
+        values.setdefault(n, None)
+    return Params(values, chapter=chapter, notebook=notebook, profile=profile, overrides=dict(overrides or {}))
+
+
+def load_params(chapter: str, notebook: str, profile: str, **overrides) -> Params:
+    """Resolve and validate a notebook's parameters and make it the current context.
+
+    Called in each notebook right after its `parameters` cell; `record()` then
+    knows which chapter, notebook and profile its values belong to.
+    """
+    from . import context, plotting
+
+    params = resolve(chapter, notebook, profile, overrides)
+    context.begin(params)
+    plotting.use_style()
+    return params
+
+
+def table(chapter: str, notebook: str | None = None) -> list[dict]:
+    """Every parameter with its type, range, help and value per profile."""
+    nbs = [notebook] if notebook else [None]
+    rows = []
+    for nb in nbs:
+        spec = specs(chapter, nb)
+        per_profile = {}
+        for profile in PROFILES:
+            if nb is None:
+                data = load_profiles(chapter)
+                vals = {**(data.get("defaults") or {}), **(data.get(profile) or {})}
+            else:
+                vals = resolve(chapter, nb, profile)
+            per_profile[profile] = vals
+        for name, s in spec.items():
+            rows.append({"name": name, "type": s.type, "allowed": s.allowed(), "help": s.help,
+                         **{p: per_profile[p].get(name) for p in PROFILES}})
+    return rows

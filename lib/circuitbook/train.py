@@ -1,0 +1,465 @@
+"""One training loop for every chapter, with an ensemble axis.
+
+K members (different seeds, per-member learning rate or weight decay, per-member
+data) are trained in one batched pass: their parameters are stacked along a
+leading axis and the model runs under `torch.func.vmap`. Because the members
+share nothing, the gradient of the summed loss is each member's own gradient.
+
+Runs are cached in the artifact store (`runs.py`) under a key that hashes
+everything that determines them. Checkpoints hold weights, optimizer state and
+RNG state on a log-spaced plus regular schedule; a killed run resumes from its
+last intact checkpoint and ends with the same numbers as an uninterrupted one,
+because every batch is a pure function of (member seed, step).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import os
+import sys
+import time
+from functools import partial
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, stack_module_state, vmap
+from tqdm import tqdm
+
+from . import context, runs
+from .models.toy import ToyConfig, ToyTransformer
+from .tasks.base import IGNORE_INDEX, Batch, derive_seed
+
+OPTIMIZERS = ("adamw", "sgd")
+LOSSES = ("last", "next_token")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train. `lr` and `weight_decay` may be one value or one per member."""
+
+    steps: int
+    batch_size: int
+    seeds: tuple[int, ...] = (0,)
+    lr: float | tuple[float, ...] = 1e-3
+    weight_decay: float | tuple[float, ...] = 0.0
+    optimizer: str = "adamw"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    eval_every: int = 100
+    checkpoint_every: int | None = None  # regular checkpoints (None: only log-spaced and final)
+    log_checkpoints: int = 16  # log-spaced checkpoints between step 1 and the end
+
+    def __post_init__(self):
+        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        for name in ("lr", "weight_decay"):
+            v = getattr(self, name)
+            if isinstance(v, (list, tuple)):
+                object.__setattr__(self, name, tuple(float(x) for x in v))
+                if len(v) != len(self.seeds):
+                    raise ValueError(f"TrainConfig.{name} has {len(v)} values but there are "
+                                     f"{len(self.seeds)} members (seeds); give one value or one per member")
+        object.__setattr__(self, "betas", tuple(self.betas))
+        checks = [
+            ("steps", self.steps >= 1, "an integer >= 1"),
+            ("batch_size", self.batch_size >= 1, "an integer >= 1"),
+            ("seeds", len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds), "at least one seed, no repeats"),
+            ("optimizer", self.optimizer in OPTIMIZERS, f"one of {OPTIMIZERS}"),
+            ("eval_every", self.eval_every >= 1, "an integer >= 1"),
+            ("checkpoint_every", self.checkpoint_every is None or self.checkpoint_every >= 1, "None or an integer >= 1"),
+            ("log_checkpoints", self.log_checkpoints >= 0, "an integer >= 0"),
+            ("lr", all(x > 0 for x in self.per_member("lr")), "positive"),
+            ("weight_decay", all(x >= 0 for x in self.per_member("weight_decay")), ">= 0"),
+        ]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r} is not allowed; expected {allowed}")
+
+    @property
+    def n_members(self) -> int:
+        return len(self.seeds)
+
+    def per_member(self, name: str) -> list[float]:
+        v = getattr(self, name)
+        return list(v) if isinstance(v, tuple) else [float(v)] * len(self.seeds)
+
+    def checkpoint_steps(self, start: int = 0) -> list[int]:
+        """Log-spaced steps (dense early, where circuits form) + regular + first + last."""
+        steps = {start, self.steps}
+        if self.log_checkpoints:
+            span = max(self.steps - start, 1)
+            for i in range(self.log_checkpoints):
+                steps.add(start + round(span ** ((i + 1) / self.log_checkpoints)))
+        if self.checkpoint_every:
+            steps.update(range(start, self.steps + 1, self.checkpoint_every))
+        return sorted(s for s in steps if start <= s <= self.steps)
+
+
+# ---------------------------------------------------------------- losses
+
+def per_member_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
+    """Mean cross-entropy of one member's batch. logits [B, T, V]."""
+    if kind == "last":
+        return F.cross_entropy(logits[:, -1], labels)
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+
+# ---------------------------------------------------------------- the ensemble
+
+class Ensemble:
+    """K models with identical architecture, parameters stacked on axis 0."""
+
+    def __init__(self, cfg: ToyConfig, seeds: Sequence[int], init_fn: Callable | None = None):
+        self.cfg = cfg
+        members = [ToyTransformer(cfg, seed=s) for s in seeds]
+        if init_fn is not None:
+            for m, s in zip(members, seeds):
+                init_fn(m, s)
+        self.base = ToyTransformer(cfg, seed=None).to("meta")  # structure only, for functional_call
+        self.trainable = set(members[0].trainable_names())
+        params, buffers = stack_module_state(members)
+        self.params = {k: v.detach().requires_grad_(k in self.trainable) for k, v in params.items()}
+        self.buffers = buffers
+        self._forward = vmap(self._member_forward, in_dims=(0, 0, 0))
+
+    @property
+    def n_members(self) -> int:
+        return next(iter(self.params.values())).shape[0]
+
+    def _member_forward(self, params, buffers, tokens):
+        return functional_call(self.base, (params, buffers), (tokens,))
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T] (shared) or [K, B, T] (per member) -> logits [K, B, T, V]."""
+        if tokens.dim() == 2:
+            tokens = tokens.expand(self.n_members, *tokens.shape)
+        buffers = {k: v.expand(self.n_members, *v.shape[1:]) for k, v in self.buffers.items()}
+        return self._forward(self.params, buffers, tokens)
+
+    def member(self, k: int) -> ToyTransformer:
+        """An ordinary ToyTransformer holding member k's weights (a copy)."""
+        model = ToyTransformer(self.cfg, seed=None)
+        model.load_state_dict({n: p[k].detach().clone() for n, p in self.params.items()}, strict=False)
+        return model.eval()
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach() for n, p in self.params.items()}
+
+    def load_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for n, p in self.params.items():
+                p.copy_(tensors[n])
+
+
+class Optimizer:
+    """AdamW or SGD over stacked parameters, with per-member lr and weight decay.
+
+    AdamW follows torch.optim.AdamW: decoupled decay p <- p (1 - lr wd), then
+    the bias-corrected Adam step.
+    """
+
+    def __init__(self, params: dict[str, torch.Tensor], names: set[str], tc: TrainConfig):
+        self.params = {n: p for n, p in params.items() if n in names}
+        self.kind, self.betas, self.eps = tc.optimizer, tc.betas, tc.eps
+        self.lr = torch.tensor(tc.per_member("lr"))
+        self.wd = torch.tensor(tc.per_member("weight_decay"))
+        self.t = 0
+        self.exp_avg = {n: torch.zeros_like(p) for n, p in self.params.items()} if self.kind == "adamw" else {}
+        self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in self.params.items()} if self.kind == "adamw" else {}
+
+    @staticmethod
+    def _per_member(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return v.view(-1, *([1] * (like.dim() - 1)))
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.t += 1
+        b1, b2 = self.betas
+        for n, p in self.params.items():
+            g = p.grad
+            lr, wd = self._per_member(self.lr, p), self._per_member(self.wd, p)
+            if self.kind == "sgd":
+                p.sub_(lr * (g + wd * p))  # plain SGD, L2 decay coupled (none in the papers)
+                continue
+            p.mul_(1 - lr * wd)
+            m, v = self.exp_avg[n], self.exp_avg_sq[n]
+            m.lerp_(g, 1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (v / (1 - b2 ** self.t)).sqrt_().add_(self.eps)
+            p.sub_(lr / (1 - b1 ** self.t) * m / denom)
+
+    def zero_grad(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+    def state(self) -> dict[str, torch.Tensor]:
+        out = {f"exp_avg.{n}": t for n, t in self.exp_avg.items()}
+        out.update({f"exp_avg_sq.{n}": t for n, t in self.exp_avg_sq.items()})
+        return out
+
+    def load_state(self, tensors: dict[str, torch.Tensor], t: int) -> None:
+        self.t = t
+        for n in self.exp_avg:
+            self.exp_avg[n].copy_(tensors[f"exp_avg.{n}"])
+            self.exp_avg_sq[n].copy_(tensors[f"exp_avg_sq.{n}"])
+
+
+# ---------------------------------------------------------------- evaluation helpers
+
+EvalFn = Callable[[Ensemble, int], dict]
+
+
+def pool_accuracy(pools: dict[str, Batch], prefix: str = "acc_") -> EvalFn:
+    """An evaluation callback: last-position accuracy of every member on each pool."""
+
+    @torch.no_grad()
+    def evaluate(ens: Ensemble, step: int) -> dict:
+        out = {}
+        for name, batch in pools.items():
+            pred = ens.logits(batch.tokens)[:, :, -1].argmax(-1)  # [K, B]
+            out[prefix + name] = (pred == batch.labels).float().mean(-1)
+        return out
+
+    evaluate.spec = lambda: {"pool_accuracy": {k: _tensor_digest(b.tokens, b.labels) for k, b in pools.items()},
+                             "prefix": prefix}
+    return evaluate
+
+
+def _tensor_digest(*tensors: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def fingerprint(obj) -> object:
+    """What identifies a task or callback in a run key: its spec(), else its source."""
+    if obj is None:
+        return None
+    if hasattr(obj, "spec"):
+        return obj.spec()
+    try:
+        src = inspect.getsource(obj)
+    except (OSError, TypeError):
+        src = ""
+    return {"callable": getattr(obj, "__qualname__", type(obj).__name__), "source": runs.hash_text(src)[:16]}
+
+
+# ---------------------------------------------------------------- runs
+
+class Run:
+    """A finished training run read from the store."""
+
+    def __init__(self, rundir: runs.RunDir):
+        self.dir = rundir
+        self.path = rundir.path
+        self.config = runs.read_json(rundir.file("config.json"))
+        self.model_config = ToyConfig.from_dict(self.config["model"])
+        self.train_config = TrainConfig(**self.config["train"])
+        self.manifest = rundir.manifest()
+
+    def __repr__(self):
+        return f"Run({self.dir.name}, key={self.dir.key}, members={self.n_members})"
+
+    @property
+    def key(self) -> str:
+        return self.dir.key
+
+    @property
+    def n_members(self) -> int:
+        return self.train_config.n_members
+
+    def metrics(self) -> pd.DataFrame:
+        """One row per (step, member) with every evaluated metric."""
+        return pd.DataFrame(runs.read_jsonl(self.dir.file("metrics.jsonl")))
+
+    def checkpoint_steps(self) -> list[int]:
+        return sorted(int(s) for s in self.manifest["checkpoints"])
+
+    def state(self, step: int | None = None) -> dict[str, torch.Tensor]:
+        """Stacked weights [K, ...] at a checkpoint step (default: the final step)."""
+        step = self.train_config.steps if step is None else step
+        if step not in self.checkpoint_steps():
+            raise ValueError(f"step={step} is not a checkpoint of {self}; checkpoints: {self.checkpoint_steps()}")
+        rel = _ckpt_rel(step)
+        tensors = runs.load_tensors(self.dir.file(rel), self.manifest["files"][rel]["sha256"])
+        return {k[len("param."):]: v for k, v in tensors.items() if k.startswith("param.")}
+
+    def model(self, member: int = 0, step: int | None = None) -> ToyTransformer:
+        if not 0 <= member < self.n_members:
+            raise ValueError(f"member={member} is out of range; this run has members 0..{self.n_members - 1}")
+        model = ToyTransformer(self.model_config, seed=None)
+        model.load_state_dict({n: p[member] for n, p in self.state(step).items()}, strict=False)
+        return model.eval()
+
+    def models(self, step: int | None = None) -> list[ToyTransformer]:
+        return [self.model(k, step) for k in range(self.n_members)]
+
+    def ensemble(self, step: int | None = None) -> Ensemble:
+        ens = Ensemble(self.model_config, self.train_config.seeds)
+        ens.load_state(self.state(step))
+        return ens
+
+
+def _ckpt_rel(step: int) -> str:
+    return f"ckpt/step_{step:08d}.safetensors"
+
+
+def train(name: str, model: ToyConfig, task, config: TrainConfig, *, evaluate: EvalFn | None = None,
+          store: runs.Store | None = None, init_fn: Callable | None = None,
+          fork_from: tuple[Run, int] | None = None, progress: bool | None = None) -> Run:
+    """Train (or load from the store) an ensemble; return the finished Run.
+
+    task: one Task shared by all members (each samples its own batches from
+    its seed) or one Task per member. init_fn(model, seed) customises the
+    initial weights (it must be deterministic). fork_from=(run, step) starts
+    every member from that run's checkpoint (weights and optimizer state) and
+    continues the step count from there, e.g. to branch off with another
+    weight decay.
+    """
+    store = store or runs.Store()
+    tasks = list(task) if isinstance(task, (list, tuple)) else [task] * config.n_members
+    if len(tasks) != config.n_members:
+        raise ValueError(f"task: got {len(tasks)} tasks for {config.n_members} members; give one or one per member")
+    loss_kind = tasks[0].loss
+    if loss_kind not in LOSSES or any(t.loss != loss_kind for t in tasks):
+        raise ValueError(f"task.loss must be one of {LOSSES} and equal across members")
+    if fork_from is not None:
+        parent, fork_step = fork_from
+        if parent.n_members != config.n_members or parent.model_config != model:
+            raise ValueError("fork_from: the parent run must have the same model config and number of members")
+        if fork_step not in parent.checkpoint_steps() or fork_step >= config.steps:
+            raise ValueError(f"fork_from step {fork_step} must be a checkpoint of the parent "
+                             f"({parent.checkpoint_steps()}) and below steps={config.steps}")
+    full_config = {
+        "name": name,
+        "model": model.to_dict(),
+        "train": {**asdict(config), "seeds": list(config.seeds)},
+        "task": [fingerprint(t) for t in tasks] if isinstance(task, (list, tuple)) else fingerprint(task),
+        "evaluate": fingerprint(evaluate),
+        "init_fn": fingerprint(init_fn),
+        "fork_from": None if fork_from is None else {"run": fork_from[0].key, "step": fork_from[1]},
+        "code_version": runs.code_version(),
+    }
+    rundir = store.run_dir(name, full_config)
+    with rundir.lock():
+        if store.open_complete(rundir):
+            print(f"[circuitbook] cached run {rundir.name} ({rundir.key}) at {rundir.path}", flush=True)
+        else:
+            _Trainer(rundir, full_config, model, tasks, config, evaluate, init_fn, fork_from, progress).run()
+    run = Run(rundir)
+    context.note_run(run)
+    return run
+
+
+class _Trainer:
+    def __init__(self, rundir, full_config, model_cfg, tasks, tc: TrainConfig, evaluate, init_fn, fork_from, progress):
+        self.dir, self.tc, self.tasks, self.evaluate = rundir, tc, tasks, evaluate
+        self.full_config = full_config
+        self.ens = Ensemble(model_cfg, tc.seeds, init_fn)
+        self.opt = Optimizer(self.ens.params, self.ens.trainable, tc)
+        self.start = 0
+        if fork_from is not None:
+            parent, step = fork_from
+            self._load_checkpoint(parent.dir.file(_ckpt_rel(step)), parent.manifest["files"][_ckpt_rel(step)]["sha256"])
+            self.opt.t = step
+            self.start = step
+        self.schedule = set(tc.checkpoint_steps(self.start))
+        self.progress = progress if progress is not None else os.environ.get("CIRCUITBOOK_PROGRESS", "1") != "0"
+        self.metrics_path = rundir.file("metrics.jsonl")
+        self.last_loss = torch.full((tc.n_members,), float("nan"))
+
+    # -- checkpoints ---------------------------------------------------
+    def _write_checkpoint(self, step: int) -> None:
+        tensors = {f"param.{n}": p for n, p in self.ens.state().items()}
+        tensors.update({f"opt.{n}": t for n, t in self.opt.state().items()})
+        tensors["rng.torch"] = torch.get_rng_state()
+        rel = _ckpt_rel(step)
+        digest = runs.save_tensors(self.dir.file(rel), tensors)
+        # the JSON marker is written last: a checkpoint without it never counts
+        runs.atomic_write_json(self.dir.file(rel).with_suffix(".json"),
+                               {"step": step, "opt_t": self.opt.t, "sha256": digest,
+                                "size": self.dir.file(rel).stat().st_size})
+
+    def _load_checkpoint(self, path: Path, sha256: str) -> None:
+        tensors = runs.load_tensors(path, sha256)
+        self.ens.load_state({k[6:]: v for k, v in tensors.items() if k.startswith("param.")})
+        self.opt.load_state({k[4:]: v for k, v in tensors.items() if k.startswith("opt.")}, self.opt.t)
+        torch.set_rng_state(tensors["rng.torch"])
+
+    def _resume(self) -> int:
+        """Load the newest intact checkpoint; return its step (or the start step)."""
+        markers = sorted(self.dir.path.glob("ckpt/step_*.json"), reverse=True)
+        for marker in markers:
+            try:
+                info = runs.read_json(marker)
+                self._load_checkpoint(marker.with_suffix(".safetensors"), info["sha256"])
+                self.opt.t = info["opt_t"]
+                rows = [r for r in runs.read_jsonl(self.metrics_path) if r["step"] <= info["step"]]
+                runs.atomic_write_bytes(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows).encode())
+                print(f"[circuitbook] resuming {self.dir.name} from step {info['step']}", flush=True)
+                return info["step"]
+            except (runs.DamagedRunError, KeyError, TypeError) as e:
+                print(f"[circuitbook] checkpoint {marker.name} is damaged ({e}); ignoring it", flush=True)
+                marker.unlink(missing_ok=True)
+                marker.with_suffix(".safetensors").unlink(missing_ok=True)
+        if self.dir.path.exists():
+            for stale in ("metrics.jsonl",):
+                self.dir.file(stale).unlink(missing_ok=True)
+        return self.start
+
+    # -- the loop ------------------------------------------------------
+    def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        batches = [t.train_batch(step, self.tc.batch_size, derive_seed("data", s))
+                   for t, s in zip(self.tasks, self.tc.seeds)]
+        return torch.stack([b.tokens for b in batches]), torch.stack([b.labels for b in batches])
+
+    def _log(self, step: int) -> None:
+        row_metrics = {"train_loss": self.last_loss}
+        if self.evaluate is not None:
+            row_metrics.update(self.evaluate(self.ens, step))
+        rows = []
+        for k in range(self.tc.n_members):
+            row = {"step": step, "member": k, "seed": self.tc.seeds[k]}
+            for name, values in row_metrics.items():
+                v = values[k] if hasattr(values, "__len__") else values
+                row[name] = float(v)
+            rows.append(row)
+        with open(self.metrics_path, "a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+    def run(self) -> None:
+        self.dir.path.mkdir(parents=True, exist_ok=True)
+        runs.atomic_write_json(self.dir.file("config.json"), self.full_config)
+        step = self._resume()
+        tc, kind = self.tc, self.tasks[0].loss
+        if step == self.start and not self.metrics_path.exists():
+            self._log(step)
+            if step in self.schedule:
+                self._write_checkpoint(step)
+        bar = tqdm(total=tc.steps, initial=step, desc=self.dir.name, disable=not self.progress,
+                   mininterval=10, file=sys.stderr, dynamic_ncols=False, ncols=100)
+        t0 = time.time()
+        while step < tc.steps:
+            tokens, labels = self._batch(step)
+            logits = self.ens.logits(tokens)
+            losses = vmap(partial(per_member_loss, kind=kind))(logits, labels)
+            self.opt.zero_grad()
+            losses.sum().backward()
+            self.opt.step()
+            self.last_loss = losses.detach()
+            step += 1
+            bar.update(1)
+            if step % tc.eval_every == 0 or step == tc.steps:
+                self._log(step)
+            if step in self.schedule:
+                self._write_checkpoint(step)
+        bar.close()
+        files = ["config.json", "metrics.jsonl"]
+        files += [p.relative_to(self.dir.path).as_posix() for p in sorted(self.dir.path.glob("ckpt/step_*"))]
+        self.dir.finalize(files, {"checkpoints": sorted(self.schedule), "train_seconds": round(time.time() - t0, 2)})
