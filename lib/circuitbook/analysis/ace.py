@@ -1,0 +1,524 @@
+"""ACE: Algorithmic Core Extraction (Schiffman, arXiv 2602.22600), reimplemented.
+
+The core of a layer is the low-dimensional subspace of its activation space
+along which the activations both *vary* (covariance) and *matter* for the task
+outputs (Jacobian). Four steps, one function each:
+
+- extract:   `extract_core(H, J)` -> `AceCore` (orthonormal basis Q, mean mu, ...)
+- collect:   `collect_activations`, `collect_ace_inputs` run a model with a hook
+             and return H (and J) at one or all positions
+- validate:  `validate_core` applies keep / remove / flip at a hook for each
+             rank k and reads off the sufficient and necessary dimensions
+- identify:  `fit_core_operator` fits z_{t+1} ~ A z_t in core coordinates
+
+Models: anything with TransformerLens-style `run_with_hooks(tokens,
+fwd_hooks=[(name, fn)])` -- the book's `ToyTransformer` and a
+`transformer_lens.TransformerBridge` both qualify. Activations at a hook must
+be laid out [batch, pos, ...]; trailing dimensions are flattened into D.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator, Literal, Sequence, Union
+
+import numpy as np
+import torch
+
+Position = Union[int, Literal["all"]]
+OutputFn = Callable[[torch.Tensor], torch.Tensor]
+Metric = Callable[[torch.Tensor, torch.Tensor], float]
+INTERVENTIONS = ("keep", "remove", "flip")
+# Hooks whose axis 1 is the head, not the position: a position cannot be picked.
+_NOT_POSITION_MAJOR = ("hook_pattern", "hook_attn_scores")
+
+
+# --------------------------------------------------------------------------- #
+# Extraction
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class AceCore:
+    """An extracted core.
+
+    Q:      [D, r] orthonormal basis; span(Q[:, :k]) is the rank-k core (nested).
+    mu:     [D] mean activation (the origin the core is measured from).
+    sigma:  all singular values of Lc^T Lo, descending.
+    energy: cumulative sigma^2 fraction, energy[i] = sum(sigma[:i+1]^2) / sum(sigma^2).
+    rank:   r, the number of columns of Q.
+    energy_threshold: the threshold r was chosen with (None if r was fixed).
+    """
+
+    Q: torch.Tensor
+    mu: torch.Tensor
+    sigma: torch.Tensor
+    energy: torch.Tensor
+    rank: int
+    energy_threshold: float | None
+
+    @property
+    def dim(self) -> int:
+        """D, the activation dimension."""
+        return self.Q.shape[0]
+
+    @property
+    def projector(self) -> torch.Tensor:
+        """[D, D] orthogonal projector Q Q^T onto the core."""
+        return self.Q @ self.Q.T
+
+    def coordinates(self, activations) -> torch.Tensor:
+        """Core coordinates z = Q^T (h - mu) for activations [..., D] -> [..., r]."""
+        h = _as_float64(activations, "activations")
+        if h.shape[-1] != self.dim:
+            raise ValueError(f"activations must end in D={self.dim}; got shape {tuple(h.shape)}")
+        return (h - self.mu) @ self.Q
+
+    def truncate(self, k: int) -> "AceCore":
+        """The core restricted to its first k directions (1 <= k <= rank)."""
+        if not 1 <= k <= self.rank:
+            raise ValueError(f"k={k} is not allowed; expected 1 <= k <= rank={self.rank}")
+        return replace(self, Q=self.Q[:, :k], rank=k, energy_threshold=None)
+
+
+def _as_float64(x, name: str) -> torch.Tensor:
+    """Any array-like -> float64 CPU tensor (linear algebra here wants the precision)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device="cpu", dtype=torch.float64)
+    try:
+        return torch.as_tensor(np.asarray(x), dtype=torch.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be a numeric array or tensor; got {type(x).__name__}") from err
+
+
+def psd_factor(matrix: torch.Tensor, rtol: float = 1e-10) -> torch.Tensor:
+    """L with L L^T = matrix for a symmetric PSD matrix, as [D, rank] (rank-revealing).
+
+    Uses an eigendecomposition rather than Cholesky because covariances and
+    Jacobian second moments are routinely rank-deficient (Cholesky fails there),
+    and round-off makes tiny eigenvalues negative: eigenvalues below
+    rtol * max eigenvalue are dropped.
+    """
+    sym = (matrix + matrix.T) / 2  # remove round-off asymmetry before eigh
+    eigval, eigvec = torch.linalg.eigh(sym)
+    keep = eigval > rtol * eigval.max().clamp(min=0)
+    if not keep.any():
+        return torch.zeros(matrix.shape[0], 0, dtype=matrix.dtype)
+    return eigvec[:, keep] * eigval[keep].sqrt()
+
+
+def select_rank(sigma: torch.Tensor, energy_threshold: float) -> int:
+    """Smallest r with sum(sigma[:r]^2) / sum(sigma^2) >= energy_threshold."""
+    _check_threshold(energy_threshold)
+    energy = _cumulative_energy(sigma)
+    # a tiny slack so that a threshold of exactly 1.0 survives round-off
+    return int(torch.searchsorted(energy, torch.tensor(energy_threshold - 1e-12, dtype=energy.dtype)).item()) + 1
+
+
+def _check_threshold(energy_threshold: float) -> None:
+    if not (isinstance(energy_threshold, (int, float)) and 0 < energy_threshold <= 1):
+        raise ValueError(f"energy_threshold={energy_threshold!r} is not allowed; expected a number in (0, 1]")
+
+
+def _cumulative_energy(sigma: torch.Tensor) -> torch.Tensor:
+    power = sigma.pow(2)
+    return power.cumsum(0) / power.sum()
+
+
+def _observability(jacobians: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """Obs = E_n[J_n^T J_n] = sum over samples and outputs of outer(J, J) / N, in chunks."""
+    n, _, d = jacobians.shape
+    obs = torch.zeros(d, d, dtype=torch.float64)
+    for start in range(0, n, chunk):  # chunked so float64 copies of a big J never coexist
+        rows = jacobians[start:start + chunk].to(device="cpu", dtype=torch.float64).reshape(-1, d)
+        obs += rows.T @ rows
+    return obs / n
+
+
+def extract_core(activations, jacobians, energy_threshold: float = 0.99, rank: int | None = None,
+                 rtol: float = 1e-10) -> AceCore:
+    """ACE extraction from activations H [N, D] and Jacobians J [N, n_out, D] (or [N, D]).
+
+    Cov = Hc^T Hc / (N-1) with Hc = H - mean; Obs = mean_n J_n^T J_n.
+    With Cov = Lc Lc^T, Obs = Lo Lo^T (`psd_factor`) and Lc^T Lo = U S V^T, the core is
+    Q = orth(Lc U[:, :r]) by Gram-Schmidt (QR), so the first k columns span the
+    rank-k core for every k. sigma^2 is the share of the linearised output variance
+    tr(Cov Obs) = ||Lc^T Lo||_F^2 carried by each direction; r is the smallest rank
+    whose cumulative sigma^2 share reaches `energy_threshold`, unless `rank` fixes it.
+    """
+    H = _as_float64(activations, "activations")
+    J = jacobians if isinstance(jacobians, torch.Tensor) else _as_float64(jacobians, "jacobians")
+    if H.ndim != 2 or H.shape[0] < 2:
+        raise ValueError(f"activations must be [N, D] with N >= 2; got shape {tuple(H.shape)}")
+    if J.ndim == 2:
+        J = J[:, None, :]  # one scalar output per sample
+    if J.ndim != 3 or J.shape[0] != H.shape[0] or J.shape[2] != H.shape[1]:
+        raise ValueError(f"jacobians must be [N, n_out, D] = [{H.shape[0]}, n_out, {H.shape[1]}] "
+                         f"(or [N, D]); got shape {tuple(J.shape)}")
+    _check_threshold(energy_threshold)
+
+    mu = H.mean(0)
+    Hc = H - mu
+    Lc = psd_factor(Hc.T @ Hc / (H.shape[0] - 1), rtol)
+    Lo = psd_factor(_observability(J), rtol)
+    U, S, _ = torch.linalg.svd(Lc.T @ Lo, full_matrices=False)
+    if S.numel() == 0 or S[0] <= 0:
+        raise ValueError("activations and jacobians share no direction (Cov Obs = 0): the outputs do not "
+                         "depend on any direction the activations vary along; no core exists")
+    S = S[S > rtol * S[0]]  # numerically zero modes carry no energy and no direction
+    if rank is None:
+        r = select_rank(S, energy_threshold)
+    elif isinstance(rank, int) and 1 <= rank <= S.numel():
+        r = rank
+    else:
+        raise ValueError(f"rank={rank!r} is not allowed; expected None or an integer in [1, {S.numel()}]")
+    Q, R = torch.linalg.qr(Lc @ U[:, :r])
+    Q = Q * torch.where(torch.diagonal(R) < 0, -1.0, 1.0)  # QR may flip signs; keep each column along Lc U
+    return AceCore(Q=Q, mu=mu, sigma=S, energy=_cumulative_energy(S), rank=r,
+                   energy_threshold=energy_threshold if rank is None else None)
+
+
+# --------------------------------------------------------------------------- #
+# Hooks: shared by collection and validation (and by fourier.py)
+# --------------------------------------------------------------------------- #
+def check_hook_name(model, hook_name: str) -> None:
+    """Raise ValueError unless `hook_name` is a hook of `model` (aliases included for bridges)."""
+    if not isinstance(hook_name, str):
+        raise ValueError(f"hook_name must be a string; got {type(hook_name).__name__}")
+    if hasattr(model, "get_hook_point"):  # TransformerBridge resolves TransformerLens aliases here
+        found = model.get_hook_point(hook_name) is not None
+    else:
+        found = hook_name in getattr(model, "hook_dict", {})
+    if not found:
+        known = list(getattr(model, "hook_dict", {}))
+        sample = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
+        raise ValueError(f"hook_name={hook_name!r} is not a hook of this model; allowed: its hook names "
+                         f"(e.g. {sample})")
+    if hook_name.rsplit(".", 1)[-1] in _NOT_POSITION_MAJOR:
+        raise ValueError(f"hook_name={hook_name!r} is not allowed: its activation is [batch, head, query, key], "
+                         f"not [batch, pos, ...]; use hook_z, hook_q/k/v or a residual/MLP hook")
+
+
+def _check_position(position: Position, n_pos: int) -> None:
+    ok = position == "all" or (isinstance(position, int) and -n_pos <= position < n_pos)
+    if not ok:
+        raise ValueError(f"position={position!r} is not allowed; expected 'all' or an integer in "
+                         f"[{-n_pos}, {n_pos - 1}] (sequence length {n_pos})")
+
+
+def _check_tokens(tokens) -> torch.Tensor:
+    tokens = torch.as_tensor(tokens)
+    if tokens.ndim != 2 or tokens.dtype in (torch.float16, torch.float32, torch.float64):
+        raise ValueError(f"tokens must be an integer tensor [batch, pos]; got {tokens.dtype} {tuple(tokens.shape)}")
+    return tokens
+
+
+def _model_device(model) -> torch.device:
+    param = next(iter(model.parameters()), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def _logits_of(output) -> torch.Tensor:
+    """Model output -> logits tensor (HF-style outputs carry `.logits`)."""
+    return output if isinstance(output, torch.Tensor) else output.logits
+
+
+@contextlib.contextmanager
+def _eval_mode(model) -> Iterator[None]:
+    """Run in eval mode (no dropout) and restore the caller's mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _check_layout(act: torch.Tensor, tokens: torch.Tensor, hook_name: str) -> None:
+    if act.ndim < 3 or tuple(act.shape[:2]) != tuple(tokens.shape):
+        raise ValueError(f"hook_name={hook_name!r} gives an activation of shape {tuple(act.shape)}; "
+                         f"expected [batch, pos, ...] = [{tokens.shape[0]}, {tokens.shape[1]}, ...]")
+
+
+def collect_activations(model, tokens, hook_name: str, position: Position = -1,
+                        batch_size: int = 512) -> torch.Tensor:
+    """Activations at `hook_name`: [N, D] at one position, [N, pos, D] for position='all'.
+
+    Trailing dimensions (e.g. heads x d_head of hook_z) are flattened into D.
+    """
+    tokens = _check_tokens(tokens)
+    check_hook_name(model, hook_name)
+    _check_position(position, tokens.shape[1])
+    chunks = []
+
+    def capture(act, hook):
+        _check_layout(act, batch, hook_name)
+        flat = act.detach().reshape(*act.shape[:2], -1)
+        chunks.append((flat if position == "all" else flat[:, position]).float().cpu())
+
+    device = _model_device(model)
+    with torch.no_grad(), _eval_mode(model):
+        for start in range(0, tokens.shape[0], batch_size):
+            batch = tokens[start:start + batch_size]
+            model.run_with_hooks(batch.to(device), fwd_hooks=[(hook_name, capture)])
+    return torch.cat(chunks)
+
+
+@dataclass(frozen=True)
+class AceInputs:
+    """What `extract_core` needs, collected from a model.
+
+    activations: [M, D]; jacobians: [M, n_out, D]. For position='all', M = n_sequences * n_positions
+    ordered sequence-major, so `activations.reshape(n_sequences, n_positions, D)` recovers sequences.
+    """
+
+    activations: torch.Tensor
+    jacobians: torch.Tensor
+    n_sequences: int
+    n_positions: int
+
+
+def _jacobian_rows(out: torch.Tensor, leaf: torch.Tensor, pos: int) -> torch.Tensor:
+    """d out[b, o] / d leaf[b, pos] for all b, o -> [B, n_out, D].
+
+    Samples in a batch do not interact, so the gradient of sum_b out[b, o] w.r.t. leaf[b]
+    is sample b's Jacobian row o. All n_out backward passes run as one vmapped backward
+    (is_grads_batched); a plain loop is the fallback for ops without batching rules.
+    """
+    n_out = out.shape[1]
+    basis = torch.eye(n_out, dtype=out.dtype, device=out.device)[:, None, :].expand(n_out, *out.shape)
+    try:
+        (grads,) = torch.autograd.grad(out, leaf, grad_outputs=basis, retain_graph=True,
+                                       is_grads_batched=True, allow_unused=True, materialize_grads=True)
+    except (RuntimeError, NotImplementedError):
+        grads = torch.stack([torch.autograd.grad(out[:, o].sum(), leaf, retain_graph=True, allow_unused=True,
+                                                 materialize_grads=True)[0] for o in range(n_out)])
+    rows = grads[:, :, pos].reshape(n_out, out.shape[0], -1)  # [n_out, B, D]
+    return rows.transpose(0, 1)
+
+
+def collect_ace_inputs(model, tokens, hook_name: str, output_fn: OutputFn | None = None,
+                       position: Position = -1, batch_size: int = 64) -> AceInputs:
+    """Run `model` on `tokens`, capture the activation h at `hook_name` and the Jacobian of the
+    task outputs w.r.t. h.
+
+    output_fn(logits [B, vocab]) -> [B, n_out] (or [B] for one output) maps the logits *at the
+    same position as the activation* to the task-relevant outputs (default: all logits), e.g.
+    `lambda z: z[:, :59]` or the logit difference `lambda z: z[:, is_id] - z[:, are_id]`.
+    The activation is patched in as a leaf tensor, so the Jacobian is exact autograd.
+    For position='all' each position is its own sample and its Jacobian is the same-position
+    block d out[t] / d h[t] (other positions' activations held fixed; the cross-position
+    terms d out[t'] / d h[t], t' > t, are not part of it).
+    Cost per batch: one forward and, per position, one vmapped backward over n_out outputs;
+    lower batch_size if n_out * batch * pos * D floats do not fit in memory.
+    """
+    tokens = _check_tokens(tokens)
+    check_hook_name(model, hook_name)
+    _check_position(position, tokens.shape[1])
+    output_fn = output_fn or (lambda logits: logits)
+    positions = range(tokens.shape[1]) if position == "all" else [position]
+    acts, jacs = [], []
+    device = _model_device(model)
+    with _eval_mode(model), torch.enable_grad():
+        for start in range(0, tokens.shape[0], batch_size):
+            batch = tokens[start:start + batch_size].to(device)
+            leaves = []
+
+            def patch_in_leaf(act, hook):
+                _check_layout(act, batch, hook_name)
+                leaves.append(act.detach().clone().requires_grad_(True))
+                return leaves[-1]
+
+            logits = _logits_of(model.run_with_hooks(batch, fwd_hooks=[(hook_name, patch_in_leaf)]))
+            if len(leaves) != 1:
+                raise ValueError(f"hook_name={hook_name!r} fired {len(leaves)} times in one forward pass; "
+                                 f"expected once")
+            leaf = leaves[0]
+            flat = leaf.detach().reshape(*leaf.shape[:2], -1)
+            batch_acts, batch_jacs = [], []
+            for pos in positions:
+                out = output_fn(logits[:, pos])
+                out = out[:, None] if out.ndim == 1 else out  # one scalar output, e.g. a logit difference
+                if out.ndim != 2 or out.shape[0] != batch.shape[0]:
+                    raise ValueError(f"output_fn must return [batch, n_out] = [{batch.shape[0]}, n_out]; "
+                                     f"got shape {tuple(out.shape)}")
+                batch_acts.append(flat[:, pos])
+                batch_jacs.append(_jacobian_rows(out, leaf, pos).detach())
+            # stack positions on axis 1 so the result is sequence-major
+            acts.append(torch.stack(batch_acts, 1).reshape(-1, flat.shape[-1]).float().cpu())
+            jacs.append(torch.stack(batch_jacs, 1).reshape(-1, *batch_jacs[0].shape[1:]).float().cpu())
+    return AceInputs(activations=torch.cat(acts), jacobians=torch.cat(jacs),
+                     n_sequences=tokens.shape[0], n_positions=len(positions))
+
+
+# --------------------------------------------------------------------------- #
+# Validation: keep / remove / flip
+# --------------------------------------------------------------------------- #
+def apply_intervention(h: torch.Tensor, Q: torch.Tensor, mu: torch.Tensor | None, mode: str) -> torch.Tensor:
+    """Intervene on activations h [..., D] with the core basis Q [D, k] around origin mu [D].
+
+    With x = h - mu (mu = None means the origin 0, the paper's literal keep/remove):
+      keep:   h <- mu + Q Q^T x       (the non-core part is replaced by its mean)
+      remove: h <- h - Q Q^T x        (the core part is replaced by its mean)
+      flip:   h <- h - 2 Q Q^T x      (x <- x - 2 Q Q^T x, the core part is mirrored)
+    """
+    if mode not in INTERVENTIONS:
+        raise ValueError(f"mode={mode!r} is not allowed; expected one of {INTERVENTIONS}")
+    origin = torch.zeros_like(h[..., 0, None]) if mu is None else mu
+    core_part = ((h - origin) @ Q) @ Q.T
+    if mode == "keep":
+        return origin + core_part
+    if mode == "remove":
+        return h - core_part
+    return h - 2 * core_part
+
+
+def intervention_hook(Q: torch.Tensor, mu: torch.Tensor | None, mode: str, position: Position = -1):
+    """A TransformerLens hook fn applying `apply_intervention` at one position or all positions."""
+    if mode not in INTERVENTIONS:
+        raise ValueError(f"mode={mode!r} is not allowed; expected one of {INTERVENTIONS}")
+
+    def hook_fn(act, hook):
+        flat = act.reshape(*act.shape[:2], -1)
+        basis = Q.to(device=act.device, dtype=act.dtype)
+        origin = None if mu is None else mu.to(device=act.device, dtype=act.dtype)
+        if position == "all":
+            new = apply_intervention(flat, basis, origin, mode)
+        else:
+            new = flat.clone()
+            new[:, position] = apply_intervention(flat[:, position], basis, origin, mode)
+        return new.reshape(act.shape)
+
+    return hook_fn
+
+
+def accuracy_metric(position: Position = -1) -> Metric:
+    """metric(logits [B, pos, V], labels) = fraction of argmax hits; labels [B] at one
+    position, [B, pos] for position='all'."""
+
+    def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+        chosen = logits if position == "all" else logits[:, position]
+        return (chosen.argmax(-1) == labels.to(chosen.device)).float().mean().item()
+
+    return accuracy
+
+
+def evaluate(model, tokens, labels, metric: Metric, fwd_hooks: Sequence = (), batch_size: int = 512) -> float:
+    """Batch-size-weighted mean of metric(logits, labels) over batches (metric must be a per-sample mean)."""
+    tokens = _check_tokens(tokens)
+    labels = torch.as_tensor(labels)
+    device = _model_device(model)
+    total = 0.0
+    with torch.no_grad(), _eval_mode(model):
+        for start in range(0, tokens.shape[0], batch_size):
+            batch = tokens[start:start + batch_size].to(device)
+            logits = _logits_of(model.run_with_hooks(batch, fwd_hooks=list(fwd_hooks)))
+            total += metric(logits, labels[start:start + batch_size]) * batch.shape[0]
+    return total / tokens.shape[0]
+
+
+@dataclass(frozen=True)
+class CoreValidation:
+    """Scores of keep / remove / flip with the first k core directions, for each k in ks.
+
+    sufficient_dim: smallest k with keep[k] >= clean - sufficient_tol (None if no k qualifies).
+    necessary_dim:  smallest k with remove[k] <= chance + necessary_tol (None if no k qualifies).
+    """
+
+    ks: list[int]
+    clean: float
+    keep: list[float]
+    remove: list[float]
+    flip: list[float]
+    chance: float
+    sufficient_dim: int | None
+    necessary_dim: int | None
+    centered: bool
+
+
+def sufficient_dimension(ks: Sequence[int], keep: Sequence[float], clean: float, tol: float) -> int | None:
+    """Smallest k whose keep score is within `tol` of the clean score (None if none)."""
+    return next((k for k, score in zip(ks, keep) if score >= clean - tol), None)
+
+
+def necessary_dimension(ks: Sequence[int], remove: Sequence[float], chance: float, tol: float) -> int | None:
+    """Smallest k whose remove score has fallen to within `tol` of chance (None if none)."""
+    return next((k for k, score in zip(ks, remove) if score <= chance + tol), None)
+
+
+def validate_core(model, tokens, labels, hook_name: str, core: AceCore, *, chance: float,
+                  position: Position = -1, metric: Metric | None = None, ks: Sequence[int] | None = None,
+                  sufficient_tol: float = 0.02, necessary_tol: float = 0.05, centered: bool = True,
+                  batch_size: int = 512) -> CoreValidation:
+    """Causal test of a core at `hook_name`: keep / remove / flip with Q[:, :k] for each k in ks.
+
+    Interventions act at `position` (an int, or 'all'); `metric(logits [B, pos, V], labels)`
+    defaults to argmax accuracy at the same position. `chance` is the score of a model
+    that ignores its input (e.g. 1 / n_classes, or the majority-class rate).
+    centered=True measures the core from the mean mu (keep/remove are mean-ablations of the
+    complement/core, which leave the mean activation intact); centered=False uses the origin 0,
+    the paper's literal keep h <- Q Q^T h and remove h <- h - Q Q^T h (flip is always about mu).
+    """
+    check_hook_name(model, hook_name)
+    ks = list(range(1, core.rank + 1)) if ks is None else list(ks)
+    if not ks or any(not (isinstance(k, int) and 1 <= k <= core.rank) for k in ks):
+        raise ValueError(f"ks={ks!r} is not allowed; expected integers in [1, rank={core.rank}]")
+    for name, tol in (("sufficient_tol", sufficient_tol), ("necessary_tol", necessary_tol)):
+        if not tol >= 0:
+            raise ValueError(f"{name}={tol!r} is not allowed; expected a number >= 0")
+    metric = metric or accuracy_metric(position)
+    Q, mu = core.Q, core.mu  # the hook casts them to the activation's dtype and device
+
+    def score(mode: str, k: int) -> float:
+        origin = mu if (centered or mode == "flip") else None
+        hook = intervention_hook(Q[:, :k], origin, mode, position)
+        return evaluate(model, tokens, labels, metric, [(hook_name, hook)], batch_size)
+
+    clean = evaluate(model, tokens, labels, metric, (), batch_size)
+    scores = {mode: [score(mode, k) for k in ks] for mode in INTERVENTIONS}
+    return CoreValidation(ks=ks, clean=clean, keep=scores["keep"], remove=scores["remove"], flip=scores["flip"],
+                          chance=chance, centered=centered,
+                          sufficient_dim=sufficient_dimension(ks, scores["keep"], clean, sufficient_tol),
+                          necessary_dim=necessary_dimension(ks, scores["remove"], chance, necessary_tol))
+
+
+# --------------------------------------------------------------------------- #
+# Identification: linear dynamics in the core
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class CoreOperator:
+    """z_{t+1} ~ A z_t (+ b). eigenvalues sorted by modulus, descending; r2 is the fit's R^2."""
+
+    A: torch.Tensor
+    b: torch.Tensor | None
+    eigenvalues: torch.Tensor
+    r2: float
+
+
+def _sequence_pairs(sequences) -> tuple[torch.Tensor, torch.Tensor]:
+    """(z_t, z_{t+1}) pairs pooled over sequences given as [S, T, r] or a list of [T_i, r]."""
+    if isinstance(sequences, (list, tuple)):
+        seqs = [_as_float64(s, "sequences") for s in sequences]
+    else:
+        arr = _as_float64(sequences, "sequences")
+        seqs = list(arr) if arr.ndim == 3 else [arr]
+    if not seqs or any(s.ndim != 2 or s.shape[1] != seqs[0].shape[1] for s in seqs):
+        raise ValueError("sequences must be [S, T, r], [T, r] or a list of [T_i, r] with one r")
+    prev = torch.cat([s[:-1] for s in seqs])
+    nxt = torch.cat([s[1:] for s in seqs])
+    return prev, nxt
+
+
+def fit_core_operator(sequences, intercept: bool = False) -> CoreOperator:
+    """Least-squares fit of z_{t+1} = A z_t (+ b if intercept) from sequences of core coordinates."""
+    prev, nxt = _sequence_pairs(sequences)
+    r = prev.shape[1]
+    if prev.shape[0] < r + int(intercept):
+        raise ValueError(f"sequences give {prev.shape[0]} transitions; need at least {r + int(intercept)} "
+                         f"to fit a {r}x{r} operator")
+    design = torch.cat([prev, torch.ones(len(prev), 1, dtype=prev.dtype)], 1) if intercept else prev
+    coef = torch.linalg.lstsq(design, nxt).solution  # nxt ~ design @ coef
+    A = coef[:r].T
+    residual = nxt - design @ coef
+    r2 = 1 - residual.pow(2).sum() / (nxt - nxt.mean(0)).pow(2).sum()
+    eig = torch.linalg.eigvals(A)
+    eig = eig[torch.argsort(eig.abs(), descending=True, stable=True)]
+    return CoreOperator(A=A, b=coef[r] if intercept else None, eigenvalues=eig, r2=float(r2))
