@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
 RUNS_ENV = "CIRCUITBOOK_RUNS"
 ROOT_ENV = "CIRCUITBOOK_ROOT"
@@ -135,13 +135,21 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
 
 
 def load_tensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tensor]:
-    """Load safetensors, checking the digest first when one is given."""
+    """Load safetensors into memory, checking the digest first when one is given.
+
+    The bytes are read and copied rather than memory-mapped: a mapped file that
+    is later truncated or replaced would crash the process (SIGBUS).
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DamagedRunError(f"{path} is unreadable: {e}") from e
     if sha256 is not None:
-        actual = sha256_file(path)
+        actual = hashlib.sha256(data).hexdigest()
         if actual != sha256:
             raise DamagedRunError(f"{path} is damaged: SHA-256 {actual[:12]} != recorded {sha256[:12]}")
     try:
-        return load_file(str(path))
+        return load(data)
     except Exception as e:  # truncated or garbled header
         raise DamagedRunError(f"{path} is damaged: {e}") from e
 
@@ -217,8 +225,9 @@ class RunDir:
     @contextlib.contextmanager
     def lock(self):
         """Exclusive lock so two processes never write the same run."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.parent / f".{self.key}.lock", "w") as f:
+        locks = self.path.parents[len(self.name.split("/"))] / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with open(locks / f"{self.name.replace('/', '__')}.{self.key}.lock", "w") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -103,10 +103,17 @@ class TrainConfig:
 # ---------------------------------------------------------------- losses
 
 def per_member_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
-    """Mean cross-entropy of one member's batch. logits [B, T, V]."""
+    """Mean cross-entropy of one member's batch. logits [B, T, V].
+
+    Written with log_softmax + gather rather than F.cross_entropy, which has no
+    batching rule under vmap and falls back to a slow decomposition.
+    """
     if kind == "last":
-        return F.cross_entropy(logits[:, -1], labels)
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        logits, labels = logits[:, -1], labels
+    keep = labels != IGNORE_INDEX
+    logp = logits.float().log_softmax(-1)
+    picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return -(picked * keep).sum() / keep.sum().clamp(min=1)
 
 
 # ---------------------------------------------------------------- the ensemble

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformer_lens import FactoredMatrix, HookedRootModule
+from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 POSITIONAL = ("learned", "relative", "none")
@@ -72,6 +72,14 @@ class ToyConfig:
     @property
     def out_dim(self) -> int:
         return self.d_vocab_out or self.d_vocab
+
+    @property
+    def attn_only(self) -> bool:  # TransformerLens name, read by ActivationCache
+        return not any(self.has_mlp(layer) for layer in range(self.n_layers))
+
+    @property
+    def normalization_type(self) -> str | None:  # TransformerLens name
+        return self.normalization
 
     def has_mlp(self, layer: int) -> bool:
         on = self.mlp if isinstance(self.mlp, bool) else self.mlp[layer]
@@ -314,6 +322,13 @@ class ToyTransformer(HookedRootModule):
         if self.cfg.normalization == "LN":
             resid = self.ln_final(resid)
         return self.unembed(resid)
+
+    def run_with_cache(self, *model_args, return_cache_object: bool = True, **kwargs):
+        """Like HookedTransformer.run_with_cache: (output, ActivationCache)."""
+        out, cache = super().run_with_cache(*model_args, **kwargs)
+        if return_cache_object:
+            cache = ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+        return out, cache
 
     @property
     def W_E(self):

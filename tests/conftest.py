@@ -1,0 +1,21 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def runs_dir(tmp_path, monkeypatch):
+    """A private artifact store for one test."""
+    d = tmp_path / "runs"
+    monkeypatch.setenv("CIRCUITBOOK_RUNS", str(d))
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch):
+    monkeypatch.setenv("CIRCUITBOOK_PROGRESS", "0")
+    torch.manual_seed(0)

@@ -1,0 +1,138 @@
+"""The toy transformer: TransformerLens names, hooks, caching, patching, variants."""
+import pytest
+import torch
+from transformer_lens import ActivationCache
+
+from circuitbook.models.toy import ToyConfig, ToyTransformer
+
+AA = ToyConfig(d_vocab=74, n_ctx=16, d_model=32, n_layers=2, n_heads=1, d_mlp=64, mlp=(False, True),
+               d_vocab_out=59, bias=False)
+
+
+def tokens(cfg, batch=3):
+    return torch.randint(0, cfg.d_vocab, (batch, cfg.n_ctx), generator=torch.Generator().manual_seed(1))
+
+
+def test_transformer_lens_weight_names_and_shapes():
+    m = ToyTransformer(AA)
+    shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
+    assert shapes["embed.W_E"] == (74, 32)
+    assert shapes["pos_embed.W_pos"] == (16, 32)
+    assert shapes["blocks.0.attn.W_Q"] == (1, 32, 32)
+    assert shapes["blocks.0.attn.W_O"] == (1, 32, 32)
+    assert shapes["blocks.1.mlp.W_in"] == (32, 64)
+    assert shapes["unembed.W_U"] == (32, 59)
+    assert not any(n.split(".")[-1].startswith("b_") for n in shapes), "bias=False must drop every bias"
+    assert not any(n.startswith("blocks.0.mlp") for n in shapes), "layer 0 has no MLP"
+
+
+def test_run_with_cache_returns_activation_cache_and_hooks_fire():
+    m = ToyTransformer(AA)
+    logits, cache = m.run_with_cache(tokens(AA))
+    assert isinstance(cache, ActivationCache)
+    assert logits.shape == (3, 16, 59)
+    for name in ["hook_embed", "hook_pos_embed", "blocks.0.attn.hook_pattern", "blocks.1.hook_resid_mid",
+                 "blocks.1.mlp.hook_pre", "blocks.1.hook_resid_post"]:
+        assert name in cache, name
+    assert cache["blocks.0.attn.hook_pattern"].shape == (3, 1, 16, 16)
+    # causal: no attention to the future, rows sum to one
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    assert torch.allclose(pattern.sum(-1), torch.ones(3, 1, 16))
+    assert pattern.triu(1).abs().max() == 0
+    fired = []
+    m.run_with_hooks(tokens(AA), fwd_hooks=[(lambda n: True, lambda x, hook: fired.append(hook.name))])
+    assert set(fired) == set(m.hook_dict)
+
+
+def test_residual_stream_decomposes():
+    m = ToyTransformer(AA)
+    _, cache = m.run_with_cache(tokens(AA))
+    resid = cache["hook_embed"] + cache["hook_pos_embed"] + cache["blocks.0.hook_attn_out"]
+    assert torch.allclose(resid, cache["blocks.0.hook_resid_post"], atol=1e-6)
+    assert torch.allclose(cache["blocks.1.hook_resid_mid"] + cache["blocks.1.hook_mlp_out"],
+                          cache["blocks.1.hook_resid_post"], atol=1e-6)
+
+
+def test_patching_a_hook_changes_the_output_and_identity_patch_does_not():
+    m = ToyTransformer(AA)
+    x = tokens(AA)
+    clean = m(x)
+    same = m.run_with_hooks(x, fwd_hooks=[("blocks.1.hook_resid_mid", lambda a, hook: a)])
+    assert torch.equal(clean, same)
+    zeroed = m.run_with_hooks(x, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda a, hook: torch.zeros_like(a))])
+    assert (zeroed - clean).abs().max() > 1e-3
+    assert torch.equal(m(x), clean), "hooks must be removed after run_with_hooks"
+
+
+def test_seed_determines_weights_without_touching_global_rng():
+    state = torch.get_rng_state()
+    a, b, c = ToyTransformer(AA, seed=3), ToyTransformer(AA, seed=3), ToyTransformer(AA, seed=4)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(a.W_E, b.W_E) and not torch.equal(a.W_E, c.W_E)
+
+
+def test_layernorm_and_biases_variant():
+    cfg = ToyConfig(d_vocab=10, n_ctx=6, d_model=16, n_layers=2, n_heads=2, d_mlp=32, normalization="LN", act_fn="gelu")
+    m = ToyTransformer(cfg)
+    _, cache = m.run_with_cache(tokens(cfg))
+    assert "blocks.0.ln1.hook_normalized" in cache and "ln_final.hook_normalized" in cache
+    normed = cache["blocks.0.ln1.hook_normalized"]  # w = 1, b = 0 at init: zero mean, unit variance
+    assert torch.allclose(normed.mean(-1), torch.zeros(3, 6), atol=1e-5)
+    assert "blocks.0.attn.b_Q" in dict(m.named_parameters())
+
+
+def test_one_hot_merged_qk_relative_positions_frozen_ov():
+    """The leading-terms model: identity embedding, W_QK, relative bias P, frozen W_O, zero init."""
+    cfg = ToyConfig(d_vocab=12, n_ctx=8, d_model=12, n_layers=2, n_heads=1, bias=False, positional="relative",
+                    one_hot_embed=True, merged_qk=True, frozen=("blocks.*.attn.W_O",), init_std=0.0, attn_scale=1.0)
+    m = ToyTransformer(cfg)
+    assert torch.equal(m.W_E, torch.eye(12))
+    assert "pos_embed.W_pos" not in dict(m.named_parameters())
+    assert set(m.trainable_names()) == {"blocks.0.attn.W_QK", "blocks.0.attn.W_V", "blocks.0.attn.P",
+                                       "blocks.1.attn.W_QK", "blocks.1.attn.W_V", "blocks.1.attn.P", "unembed.W_U"}
+    assert not m.embed.W_E.requires_grad and not m.blocks[0].attn.W_O.requires_grad
+    # the relative bias P[k] is added on the k-th sub-diagonal of the scores
+    with torch.no_grad():
+        m.blocks[0].attn.P[0, 1] = 5.0
+    _, cache = m.run_with_cache(tokens(cfg, 1))
+    scores = cache["blocks.0.attn.hook_attn_scores"][0, 0]
+    assert torch.allclose(torch.diagonal(scores, -1), torch.full((7,), 5.0))
+    assert torch.allclose(torch.diagonal(scores, 0), torch.zeros(8))
+    # merged QK: scores = x W_QK x^T
+    with torch.no_grad():
+        m.blocks[1].attn.W_QK.copy_(torch.randn(1, 12, 12))
+    x = tokens(cfg, 1)
+    _, cache = m.run_with_cache(x)
+    h = cache["blocks.1.hook_resid_pre"][0]
+    expected = h @ m.blocks[1].attn.W_QK[0] @ h.T
+    got = cache["blocks.1.attn.hook_attn_scores"][0, 0]
+    mask = torch.tril(torch.ones(8, 8, dtype=torch.bool))
+    assert torch.allclose(got[mask], expected[mask], atol=1e-5)
+    assert torch.allclose(m.blocks[1].attn.QK.AB[0], m.blocks[1].attn.W_QK[0])
+
+
+def test_qk_factored_matrix_matches_weights():
+    m = ToyTransformer(AA)
+    attn = m.blocks[1].attn
+    assert torch.allclose(attn.QK.AB, attn.W_Q @ attn.W_K.transpose(-1, -2))
+    assert torch.allclose(attn.OV.AB, attn.W_V @ attn.W_O)
+
+
+@pytest.mark.parametrize("bad, field", [
+    (dict(positional="rotary"), "positional"),
+    (dict(normalization="RMS"), "normalization"),
+    (dict(act_fn="tanh"), "act_fn"),
+    (dict(one_hot_embed=True), "one_hot_embed"),
+    (dict(mlp=(True,)), "mlp"),
+    (dict(n_layers=0), "n_layers"),
+])
+def test_bad_config_names_the_field(bad, field):
+    base = dict(d_vocab=10, n_ctx=4, d_model=8, n_layers=2)
+    with pytest.raises(ValueError, match=field):
+        ToyConfig(**{**base, **bad})
+
+
+def test_config_round_trips_through_dict():
+    assert ToyConfig.from_dict(AA.to_dict()) == AA
+    with pytest.raises(ValueError, match="unknown ToyConfig fields"):
+        ToyConfig.from_dict({**AA.to_dict(), "d_modle": 3})

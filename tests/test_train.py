@@ -1,0 +1,190 @@
+"""The training loop: ensembles equal separate runs, per-member settings, resume, forks."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+import circuitbook as cb
+from circuitbook.tasks.base import Batch, FixedDataset
+from circuitbook.tasks.modular import ModularAddition
+from circuitbook.train import Optimizer, TrainConfig, per_member_loss
+
+TASK = ModularAddition(p=11, train_fraction=0.5)
+MODEL = cb.ToyConfig(d_vocab=12, n_ctx=3, d_model=16, n_layers=1, n_heads=2, d_mlp=32, d_vocab_out=11)
+EVAL = cb.pool_accuracy({"train": TASK.train, "test": TASK.test})
+
+
+def short(**kw):
+    base = dict(steps=20, batch_size=16, seeds=(0,), lr=3e-3, weight_decay=0.5, eval_every=5, log_checkpoints=3)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_ensemble_members_equal_separate_runs(runs_dir):
+    ens = cb.train("t/ens", MODEL, TASK, short(seeds=(0, 1, 2), weight_decay=(0.0, 0.5, 2.0)), evaluate=EVAL)
+    for k, (seed, wd) in enumerate([(0, 0.0), (1, 0.5), (2, 2.0)]):
+        solo = cb.train("t/solo", MODEL, TASK, short(seeds=(seed,), weight_decay=wd), evaluate=EVAL)
+        a, b = ens.state(), solo.state()
+        for name in a:
+            assert torch.allclose(a[name][k], b[name][0], atol=1e-5), (k, name)
+        ma = ens.metrics().query("member == @k").drop(columns="member").reset_index(drop=True)
+        mb = solo.metrics().drop(columns="member").reset_index(drop=True)
+        pd.testing.assert_frame_equal(ma, mb, atol=1e-5)
+
+
+def test_members_differ_and_learn(runs_dir):
+    run = cb.train("t/learn", MODEL, TASK, short(seeds=(0, 1), steps=150, batch_size=64), evaluate=EVAL)
+    m = run.metrics()
+    first, last = m[m.step == 0], m[m.step == 150]
+    assert (last.acc_train.values > first.acc_train.values + 0.3).all()
+    s = run.state()
+    assert not torch.allclose(s["embed.W_E"][0], s["embed.W_E"][1])
+
+
+def test_adamw_matches_torch_per_member():
+    """The stacked optimizer equals torch.optim.AdamW run on each member separately."""
+    torch.manual_seed(0)
+    w = torch.randn(3, 4, 5)
+    grads = [torch.randn(3, 4, 5) for _ in range(4)]
+    lrs, wds = (1e-2, 3e-2, 1e-3), (0.0, 0.1, 1.0)
+    stacked = {"w": w.clone().requires_grad_(True)}
+    opt = Optimizer(stacked, {"w"}, TrainConfig(steps=1, batch_size=1, seeds=(0, 1, 2), lr=lrs, weight_decay=wds))
+    refs = []
+    for k in range(3):
+        p = torch.nn.Parameter(w[k].clone())
+        refs.append((p, torch.optim.AdamW([p], lr=lrs[k], weight_decay=wds[k])))
+    for g in grads:
+        stacked["w"].grad = g.clone()
+        opt.step()
+        for k, (p, o) in enumerate(refs):
+            p.grad = g[k].clone()
+            o.step()
+    for k, (p, _) in enumerate(refs):
+        assert torch.allclose(stacked["w"][k], p, atol=1e-6)
+
+
+def test_next_token_loss_ignores_masked_labels():
+    logits = torch.randn(2, 4, 5)
+    labels = torch.tensor([[1, 2, -100, -100], [0, -100, 3, 4]])
+    ref = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    assert torch.allclose(per_member_loss(logits, labels, "next_token"), ref)
+
+
+def test_per_member_data(runs_dir):
+    """One task per member: each member trains on its own data."""
+    tasks = [ModularAddition(p=11, train_fraction=0.3, split_seed=s) for s in (0, 1)]
+    run = cb.train("t/data", MODEL, tasks, short(seeds=(0, 1)))
+    solo = cb.train("t/data1", MODEL, tasks[1], short(seeds=(1,)))
+    assert torch.allclose(run.state()["unembed.W_U"][1], solo.state()["unembed.W_U"][0], atol=1e-5)
+
+
+def test_cached_run_is_reused_and_changed_config_is_not(runs_dir, capsys):
+    a = cb.train("t/cache", MODEL, TASK, short())
+    b = cb.train("t/cache", MODEL, TASK, short())
+    assert a.key == b.key and "cached run" in capsys.readouterr().out
+    c = cb.train("t/cache", MODEL, TASK, short(lr=1e-3))
+    assert c.key != a.key
+
+
+def test_checkpoints_log_spaced_and_regular():
+    tc = short(steps=1000, log_checkpoints=4, checkpoint_every=250)
+    assert tc.checkpoint_steps() == [0, 6, 32, 178, 250, 500, 750, 1000]
+
+
+def test_models_at_checkpoints(runs_dir):
+    run = cb.train("t/ckpt", MODEL, TASK, short())
+    steps = run.checkpoint_steps()
+    assert steps[0] == 0 and steps[-1] == 20
+    m0, m20 = run.model(0, step=0), run.model(0)
+    assert torch.equal(m0.W_E, cb.ToyTransformer(MODEL, seed=0).W_E)
+    assert not torch.equal(m0.W_E, m20.W_E)
+    with pytest.raises(ValueError, match="not a checkpoint"):
+        run.model(0, step=9)
+    with pytest.raises(ValueError, match="member"):
+        run.model(5)
+
+
+def test_fork_continues_from_parent_checkpoint(runs_dir):
+    parent = cb.train("t/parent", MODEL, TASK, short(steps=20))
+    step = parent.checkpoint_steps()[2]
+    child = cb.train("t/child", MODEL, TASK, short(steps=30, weight_decay=0.0), fork_from=(parent, step))
+    m = child.metrics()
+    assert m.step.min() == step and m.step.max() == 30
+    assert child.checkpoint_steps()[0] == step
+    assert torch.equal(child.state(step)["embed.W_E"], parent.state(step)["embed.W_E"])
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(steps=0), "steps"), (dict(optimizer="lion"), "optimizer"), (dict(lr=-1.0), "lr"),
+    (dict(seeds=(0, 0)), "seeds"), (dict(weight_decay=(0.1, 0.2)), "weight_decay"), (dict(eval_every=0), "eval_every"),
+])
+def test_bad_train_config(kw, field):
+    with pytest.raises(ValueError, match=field):
+        short(**kw)
+
+
+def test_bad_task_count(runs_dir):
+    with pytest.raises(ValueError, match="task"):
+        cb.train("t/bad", MODEL, [TASK, TASK, TASK], short(seeds=(0, 1)))
+
+
+def test_fixed_dataset_epochs_cover_every_example_once():
+    tokens = torch.arange(10).unsqueeze(1).repeat(1, 3)
+    data = FixedDataset(tokens, torch.arange(10), vocab_size=10, n_outputs=10)
+    seen = torch.cat([data.train_batch(s, 4, seed=0).labels for s in range(3)])
+    assert sorted(seen.tolist()) == list(range(10))
+    assert torch.equal(data.train_batch(1, 4, 0).labels, data.train_batch(1, 4, 0).labels)
+    assert data.train_batch(0, 100, 0).labels.numel() == 10  # full batch
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import sys, circuitbook as cb
+    from circuitbook.tasks.modular import ModularAddition
+    task = ModularAddition(p=23, train_fraction=0.5)
+    cfg = cb.ToyConfig(d_vocab=24, n_ctx=3, d_model=32, n_layers=1, n_heads=2, d_mlp=64, d_vocab_out=23)
+    tc = cb.TrainConfig(steps=int(sys.argv[1]), batch_size=64, seeds=(0, 1), lr=3e-3, weight_decay=(0.1, 1.0),
+                        eval_every=10, checkpoint_every=40, log_checkpoints=4)
+    cb.train("t/kill", cfg, task, tc, evaluate=cb.pool_accuracy({"test": task.test}))
+""")
+
+
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path, monkeypatch):
+    """Kill a run with SIGKILL after its first checkpoint; rerun: same final metrics and weights, exactly."""
+    steps = 240
+    script = tmp_path / "train.py"
+    script.write_text(KILL_SCRIPT)
+    env = {**os.environ, "CIRCUITBOOK_PROGRESS": "0"}
+
+    def run(store, wait_for_kill=False):
+        env["CIRCUITBOOK_RUNS"] = str(store)
+        proc = subprocess.Popen([sys.executable, str(script), str(steps)], env=env)
+        if wait_for_kill:
+            deadline = time.time() + 120
+            while time.time() < deadline and proc.poll() is None:
+                markers = [p for p in store.glob("t/kill/*/ckpt/step_*.json") if not p.name.startswith("step_00000000")]
+                if any(int(p.stem[5:]) >= 40 for p in markers):
+                    proc.send_signal(signal.SIGKILL)
+                    break
+                time.sleep(0.02)
+            proc.wait()
+            assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+            assert not list(store.glob("t/kill/*/manifest.json"))
+        else:
+            assert proc.wait() == 0
+
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    run(killed, wait_for_kill=True)
+    run(killed)  # resumes
+    run(clean)
+    monkeypatch.setenv("CIRCUITBOOK_RUNS", str(killed))
+    (a,) = [cb.Run(cb.runs.RunDir(p, "t/kill", p.name)) for p in killed.glob("t/kill/*")]
+    (b,) = [cb.Run(cb.runs.RunDir(p, "t/kill", p.name)) for p in clean.glob("t/kill/*")]
+    pd.testing.assert_frame_equal(a.metrics(), b.metrics(), check_exact=True)
+    for name, t in a.state().items():
+        assert torch.equal(t, b.state()[name]), name
+    assert a.metrics().step.max() == steps and a.metrics().groupby(["step", "member"]).size().max() == 1
