@@ -19,3 +19,13 @@ def runs_dir(tmp_path, monkeypatch):
 def _quiet(monkeypatch):
     monkeypatch.setenv("CIRCUITBOOK_PROGRESS", "0")
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def mini_book(tmp_path, monkeypatch, runs_dir):
+    """A two-notebook book in a temporary folder, with CIRCUITBOOK_ROOT pointing at it."""
+    from minibook import write
+
+    root = write(tmp_path / "book")
+    monkeypatch.setenv("CIRCUITBOOK_ROOT", str(root))
+    return root

