@@ -136,3 +136,12 @@ def test_config_round_trips_through_dict():
     assert ToyConfig.from_dict(AA.to_dict()) == AA
     with pytest.raises(ValueError, match="unknown ToyConfig fields"):
         ToyConfig.from_dict({**AA.to_dict(), "d_modle": 3})
+
+
+@pytest.mark.parametrize("cfg", [AA, ToyConfig(d_vocab=12, n_ctx=8, d_model=12, n_layers=2, positional="relative",
+                                                merged_qk=True, one_hot_embed=True, normalization="LN", d_mlp=16)])
+def test_last_only_equals_the_last_position_of_the_full_forward(cfg):
+    m = ToyTransformer(cfg, seed=1)
+    x = tokens(cfg)
+    assert torch.allclose(m(x, last_only=True)[:, -1], m(x)[:, -1], atol=1e-5)
+    assert m(x, last_only=True).shape[1] == 1

@@ -160,27 +160,30 @@ class Attention(nn.Module):
     def OV(self) -> FactoredMatrix:
         return FactoredMatrix(self.W_V, self.W_O)
 
-    def forward(self, x):
+    def forward(self, x, last_only: bool = False):
+        """x [batch, pos, d_model] -> [batch, pos, d_model]; with last_only, queries only at the last position."""
         cfg = self.cfg
         n = x.shape[-2]
+        rows = slice(n - 1, n) if last_only else slice(0, n)
+        xq = x[:, rows]
         scale = cfg.attn_scale if cfg.attn_scale is not None else math.sqrt(cfg.head_dim)
         v = torch.einsum("bpd,hde->bphe", x, self.W_V)
         if cfg.bias:
             v = v + self.b_V
         v = self.hook_v(v)
         if cfg.merged_qk:
-            q = self.hook_q(torch.einsum("bpd,hde->bphe", x, self.W_QK))
+            q = self.hook_q(torch.einsum("bpd,hde->bphe", xq, self.W_QK))
             k = self.hook_k(x.unsqueeze(-2).expand(*x.shape[:-1], cfg.n_heads, cfg.d_model))
         else:
-            q = torch.einsum("bpd,hde->bphe", x, self.W_Q)
+            q = torch.einsum("bpd,hde->bphe", xq, self.W_Q)
             k = torch.einsum("bpd,hde->bphe", x, self.W_K)
             if cfg.bias:
                 q, k = q + self.b_Q, k + self.b_K
             q, k = self.hook_q(q), self.hook_k(k)
         scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / scale
         if cfg.positional == "relative":
-            scores = scores + self.P[:, self.offsets[:n, :n]]
-        scores = self.hook_attn_scores(scores.masked_fill(~self.mask[:n, :n], float("-inf")))
+            scores = scores + self.P[:, self.offsets[rows, :n]]
+        scores = self.hook_attn_scores(scores.masked_fill(~self.mask[rows, :n], float("-inf")))
         pattern = self.hook_pattern(scores.softmax(-1))
         z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))
         out = torch.einsum("bqhe,hed->bqd", z, self.W_O)
@@ -225,9 +228,10 @@ class Block(nn.Module):
         self.hook_attn_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, resid):
+    def forward(self, resid, last_only: bool = False):
         resid = self.hook_resid_pre(resid)
-        resid = resid + self.hook_attn_out(self.attn(self.ln1(resid) if self.has_ln else resid))
+        attn_out = self.hook_attn_out(self.attn(self.ln1(resid) if self.has_ln else resid, last_only))
+        resid = (resid[:, -1:] if last_only else resid) + attn_out
         if self.has_mlp:
             resid = self.hook_resid_mid(resid)
             resid = resid + self.hook_mlp_out(self.mlp(self.ln2(resid) if self.has_ln else resid))
@@ -312,13 +316,20 @@ class ToyTransformer(HookedRootModule):
         if self.cfg.one_hot_embed:
             self.embed.W_E.copy_(torch.eye(self.cfg.d_vocab))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [batch, pos] -> logits [batch, pos, d_vocab_out]."""
+    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """tokens [batch, pos] -> logits [batch, pos, d_vocab_out].
+
+        last_only=True computes the last layer only where the last position needs
+        it (its query, the MLP and unembedding at that position) and returns
+        logits [batch, 1, d_vocab_out]; earlier layers still run at every position
+        because the last query reads their keys and values. Training with a
+        last-position loss uses it: about half the compute for the paper models.
+        """
         resid = self.hook_embed(self.embed(tokens))
         if self.cfg.positional == "learned":
             resid = resid + self.hook_pos_embed(self.pos_embed(tokens))
-        for block in self.blocks:
-            resid = block(resid)
+        for i, block in enumerate(self.blocks):
+            resid = block(resid, last_only and i == len(self.blocks) - 1)
         if self.cfg.normalization == "LN":
             resid = self.ln_final(resid)
         return self.unembed(resid)
