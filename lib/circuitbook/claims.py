@@ -147,7 +147,12 @@ def load_claims(chapter: str) -> dict:
 
 
 def claim_chapters() -> list[str]:
-    return [c for c in chapters() if (chapter_dir(c) / "claims.yml").exists()]
+    """Chapters with a claims.yml, in the order of the book's table of contents."""
+    from .build import toc_files
+
+    toc = toc_files()
+    order = {c: next((i for i, f in enumerate(toc) if f.startswith(f"chapters/{c}/")), len(toc)) for c in chapters()}
+    return sorted((c for c in chapters() if (chapter_dir(c) / "claims.yml").exists()), key=lambda c: (order[c], c))
 
 
 def _fmt(v) -> str:

@@ -117,15 +117,19 @@ def cmd_scorecard(a) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     for r in rows:
-        print(f"{r['id']:<6} {r['status']:<16.60} paper: {r['paper'][:40]:<40}  measured: {r['measured'] or '-'}")
-        if r["runs"]:
-            print(f"       run: {', '.join(r['runs'])}")
+        print(f"{r['id']:<6} {r['status']}")
+        print(f"       paper: {r['paper']}")
+        print(f"       measured: {r['measured'] or '-'}" + (f"  (run {', '.join(r['runs'])})" if r["runs"] else ""))
     counts = {s: sum(r["status"].startswith(s) for r in rows) for s in claims.STATUSES}
     print(f"\nprofile {profile}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # as a command: die quietly when piped into `head`
+        import signal
+
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser = make_parser()
     a = parser.parse_args(argv)
     try:
