@@ -119,3 +119,25 @@ def test_unresolved_glue_key_fails_the_build(mini_book, runs_dir):
     nbformat.write(nb, path)
     with pytest.raises(build.BuildError, match="(?s)unresolved glue keys.*no_such_key"):
         build.build("smoke", log=lambda m: None)
+
+
+def test_chapter_build_stages_other_unexecuted_notebooks_with_placeholders(mini_book, runs_dir):
+    """--chapter X: notebooks of other chapters without a cached execution are shown as code only."""
+    import nbformat
+
+    path = mini_book / "chapters" / "demo" / "02_use.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_markdown_cell("Twice is {glue:text}`demo_twice:.2f`."))
+    nbformat.write(nb, path)
+    toc = mini_book / "_toc.yml"
+    toc.write_text(toc.read_text().replace("chapters:\n  - file: book/scorecard",
+                                           "chapters:\n  - file: book/tourlike\n  - file: book/scorecard"))
+    (mini_book / "book" / "profiles.yml").write_text("parameters: {}\ndefaults: {}\nsmoke: {}\ncpu: {}\nfull: {}\n")
+    from minibook import notebook
+
+    nbformat.write(notebook("book", "tourlike", 'cb.record("x", 1.0)'), mini_book / "book" / "tourlike.ipynb")
+    lines = []
+    html = build.build("smoke", chapters=["book"], log=log_into(lines))
+    page = (html / "chapters" / "demo" / "02_use.html").read_text()
+    assert "not executed in this build" in page and "demo_twice: not computed in this build" in page
+    assert sum("executing" in l for l in lines) == 1

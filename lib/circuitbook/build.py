@@ -229,8 +229,20 @@ def _strip_metadata(path: Path) -> None:
     nbformat.write(nb, path)
 
 
+_GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`([^`]+)`")
+
+
 def _not_executed(src: Path, dest: Path, profile: str) -> None:
+    """Stage a notebook that this build does not execute: code only, clearly marked.
+
+    Its glue references have no values, so they are shown as named placeholders
+    instead of failing the build as unresolved keys.
+    """
     nb = nbformat.read(src, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = _GLUE_ROLE.sub(lambda m: f"*[{m.group(1).split(':')[0]}: not computed in this build]*",
+                                         cell.source)
     nb.cells.insert(0, nbformat.v4.new_markdown_cell(
         f"```{{note}}\nThis notebook was not executed in this build (profile `{profile}`); it shows code only. "
         f"Build its chapter to see results: `circuitbook build --profile {profile} --chapter <slug>`.\n```"))
