@@ -1,0 +1,247 @@
+"""K members trained as one ensemble vs the same K runs one after another.
+
+    python benchmarks/ensemble.py                       # both settings, K = 8
+    python benchmarks/ensemble.py --setting markov --steps 200 --repeats 5
+
+Both arms call `circuitbook.train` exactly as a notebook would: arm "ensemble"
+once with seeds (0..K-1), arm "sequential" K times with one seed each. Every
+call gets a fresh empty $CIRCUITBOOK_RUNS, so nothing is cached between arms.
+Wall time covers the whole call (model construction, data, the loop, the
+first and last checkpoint); `loop` is the trainer's own `train_seconds` (the
+step loop only). Arms alternate (E S, S E, ...) and medians are reported.
+The final weights and losses of the two arms are compared member by member:
+same seeds, so they must agree up to float rounding, else the race is unfair.
+Writes benchmarks/results/ensemble.json and ensemble.txt.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch.func import vmap
+
+import circuitbook as cb
+from circuitbook.tasks.assign_add import AssignAddTask
+from circuitbook.tasks.base import Batch, step_generator
+from circuitbook.train import Ensemble, Optimizer, per_member_loss
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# Batched and single matmuls round differently; Adam's normalised step lets that drift grow a little with steps.
+TOLERANCE = {"loss": 1e-4, "weight": 1e-2}
+
+
+class MarkovChain:
+    """A circulant Markov chain over `n` states, next-token loss (chapter algorithmic_cores, 02_markov).
+
+    From state s the chain moves to s + j (mod n) with probability row[j] (the book's chain: stay 0.75,
+    advance 0.25), so the increments are i.i.d. and a whole batch is one cumsum. Sequences of
+    seq_len + 1 states, fresh each step (the book samples a fixed training set; same cost per step).
+    """
+
+    loss = "next_token"
+
+    def __init__(self, n: int = 4, seq_len: int = 31, row=(0.75, 0.25, 0.0, 0.0)):
+        self.n, self.seq_len, self.row = n, seq_len, torch.tensor(row)
+        self.vocab_size = self.n_outputs = n
+
+    def train_batch(self, step: int, batch_size: int, seed: int) -> Batch:
+        gen = step_generator(seed, step)
+        start = torch.randint(self.n, (batch_size, 1), generator=gen)
+        jumps = torch.multinomial(self.row, batch_size * self.seq_len, replacement=True, generator=gen)
+        seq = (start + torch.cat([torch.zeros(batch_size, 1, dtype=torch.long),
+                                  jumps.view(batch_size, -1).cumsum(1)], 1)) % self.n
+        return Batch(seq[:, :-1], seq[:, 1:])
+
+    def spec(self) -> dict:
+        return {"task": "markov_chain", "n": self.n, "seq_len": self.seq_len, "row": self.row.tolist()}
+
+
+SETTINGS = {
+    # the seed experiments (algorithmic_cores 02_markov defaults: length 32, LN, batch 64)
+    "markov": dict(
+        model=cb.ToyConfig(d_vocab=4, n_ctx=31, d_model=64, n_layers=1, n_heads=4, d_mlp=256, normalization="LN"),
+        task=MarkovChain, batch_size=64, steps=60),
+    # Assign and Add: two layers, one head, no biases or LN, layer 0 attention-only
+    "assign_add": dict(
+        model=cb.ToyConfig(d_vocab=74, n_ctx=16, d_model=128, n_layers=2, n_heads=1, d_mlp=512,
+                           mlp=(False, True), bias=False, d_vocab_out=59),
+        task=AssignAddTask, batch_size=512, steps=8),
+}
+
+
+def run_arm(arm: str, setting: dict, task, steps: int, members: int, tmp: str) -> dict:
+    """Train K members one way in a fresh store; return wall and loop seconds and the runs."""
+    seed_groups = [tuple(range(members))] if arm == "ensemble" else [(s,) for s in range(members)]
+    root = tempfile.mkdtemp(prefix=f"{arm}-", dir=tmp)
+    os.environ["CIRCUITBOOK_RUNS"] = root
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = []
+    for seeds in seed_groups:
+        tc = cb.TrainConfig(steps=steps, batch_size=setting["batch_size"], seeds=seeds, lr=1e-3,
+                            weight_decay=0.1, eval_every=steps, log_checkpoints=0)
+        out.append(cb.train(f"bench_{arm}", setting["model"], task, tc, progress=False))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    loop = sum(r.manifest["train_seconds"] for r in out)
+    return {"wall": wall, "cpu": cpu, "loop": loop, "runs": out}
+
+
+def step_costs(setting: dict, task, members: int, repeats: int = 5) -> dict:
+    """Median ms of one bare training step (no data, no logging) at batch 1 and full batch, K=1 and K=members.
+
+    Batch 1 is (almost) pure per-step overhead: Python, dispatch, vmap, autograd,
+    optimizer launches. That part is paid once per step by the ensemble and K
+    times by the sequential runs; the rest grows with K * batch and is paid by both.
+    """
+    cases = [(k, b) for b in (1, setting["batch_size"]) for k in (1, members)]
+    steps, reps, times, cpu = {}, {}, {c: [] for c in cases}, {c: [] for c in cases}
+    for k, b in cases:
+        tc = cb.TrainConfig(steps=1, batch_size=b, seeds=tuple(range(k)))
+        ens = Ensemble(setting["model"], tc.seeds)
+        opt = Optimizer(ens.params, ens.trainable, tc)
+        batch = [task.train_batch(0, b, s) for s in range(k)]
+        tokens, labels = torch.stack([x.tokens for x in batch]), torch.stack([x.labels for x in batch])
+
+        def step(ens=ens, opt=opt, tokens=tokens, labels=labels):
+            losses = vmap(partial(per_member_loss, kind=task.loss))(ens.logits(tokens), labels)
+            opt.zero_grad()
+            losses.sum().backward()
+            opt.step()
+        step()
+        t0 = time.perf_counter()
+        step()
+        steps[(k, b)], reps[(k, b)] = step, max(1, int(0.25 / (time.perf_counter() - t0)))
+    for rep in range(repeats):
+        for c in (cases if rep % 2 == 0 else cases[::-1]):
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(reps[c]):
+                steps[c]()
+            times[c].append(1000 * (time.perf_counter() - t0) / reps[c])
+            cpu[c].append(1000 * (time.process_time() - c0) / reps[c])
+    return {clock: {f"K{k}_batch{b}": statistics.median(ts[(k, b)]) for k, b in cases}
+            for clock, ts in (("wall", times), ("cpu", cpu))}
+
+
+def agreement(ens: cb.Run, seq: list[cb.Run]) -> dict:
+    """Max |difference| between ensemble member k and sequential run k: final weights and loss."""
+    state = ens.state()
+    dw = max((state[n][k] - r.state()[n][0]).abs().max().item() for k, r in enumerate(seq) for n in state)
+    final = [m[m.step == m.step.max()].sort_values("member").train_loss.tolist() for m in
+             (r.metrics() for r in [ens, *seq])]
+    loss_e, loss_s = final[0], [f[0] for f in final[1:]]
+    dl = max(abs(a - b) for a, b in zip(loss_e, loss_s))
+    return {"max_abs_weight_diff": dw, "max_abs_final_loss_diff": dl, "tolerance": TOLERANCE,
+            "agree": dw <= TOLERANCE["weight"] and dl <= TOLERANCE["loss"],
+            "final_loss_ensemble": loss_e, "final_loss_sequential": loss_s}
+
+
+def bench(name: str, steps: int, members: int, repeats: int, tmp: str) -> dict:
+    setting = SETTINGS[name]
+    task = setting["task"]()
+    steps = steps or setting["steps"]
+    load_start = os.getloadavg()[0]
+    for arm in ("ensemble", "sequential"):  # warm up kernels, imports, allocator
+        run_arm(arm, setting, task, 2, members, tmp)
+    times, last = {"ensemble": [], "sequential": []}, {}
+    for rep in range(repeats):
+        order = ("ensemble", "sequential") if rep % 2 == 0 else ("sequential", "ensemble")
+        for arm in order:
+            r = run_arm(arm, setting, task, steps, members, tmp)
+            times[arm].append({k: r[k] for k in ("wall", "cpu", "loop")})
+            last[arm] = r
+        print(f"  [{name}] rep {rep + 1}/{repeats}: ensemble {times['ensemble'][-1]['wall']:.2f}s, "
+              f"sequential {times['sequential'][-1]['wall']:.2f}s", flush=True)
+    agree = agreement(last["ensemble"]["runs"][0], last["sequential"]["runs"])
+    costs = step_costs(setting, task, members)
+    med = {arm: {k: statistics.median(t[k] for t in ts) for k in ("wall", "cpu", "loop")} for arm, ts in times.items()}
+    return {
+        "setting": name, "model": setting["model"].to_dict(), "task": task.spec(),
+        "batch_size": setting["batch_size"], "steps": steps, "members": members, "repeats": repeats,
+        "times_s": times, "median_s": med,
+        "ratio_wall": med["sequential"]["wall"] / med["ensemble"]["wall"],
+        "ratio_loop": med["sequential"]["loop"] / med["ensemble"]["loop"],
+        "ratio_cpu": med["sequential"]["cpu"] / med["ensemble"]["cpu"],
+        "ms_per_member_step": {arm: 1000 * med[arm]["loop"] / (steps * members) for arm in med},
+        "agreement": agree, "bare_step_ms": costs, "load_avg_1m": [load_start, os.getloadavg()[0]],
+    }
+
+
+def machine() -> dict:
+    return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu_count": os.cpu_count(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "python": sys.version.split()[0],
+            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "load_avg_1m_at_start": os.getloadavg()[0]}
+
+
+def table(results: list[dict]) -> str:
+    lines = [f"{'setting':<11} {'K':>2} {'steps':>5}  {'ensemble s':>10} {'sequential s':>12} {'ratio':>6}"
+             f"  {'loop':>6} {'cpu':>6}  {'ms/member-step E|S':>18}  {'max |dw|':>8} {'max |dloss|':>11} {'same':>4}"]
+    for r in results:
+        m, a = r["median_s"], r["agreement"]
+        ms = r["ms_per_member_step"]
+        lines.append(f"{r['setting']:<11} {r['members']:>2} {r['steps']:>5}  {m['ensemble']['wall']:>10.2f} "
+                     f"{m['sequential']['wall']:>12.2f} {r['ratio_wall']:>5.2f}x  {r['ratio_loop']:>5.2f}x "
+                     f"{r['ratio_cpu']:>5.2f}x  "
+                     f"{ms['ensemble']:>8.1f} | {ms['sequential']:<7.1f}  {a['max_abs_weight_diff']:>8.1e} "
+                     f"{a['max_abs_final_loss_diff']:>11.1e} {'yes' if a['agree'] else 'NO':>4}")
+    lines += ["", "bare step (no data or logging), median ms; overhead share = K=1 at batch 1 / K=1 at full batch",
+              f"{'setting':<11} {'clock':<5} {'K=1 b=1':>8} {'K=K b=1':>8} {'K=1 full':>9} {'K=K full':>9}"
+              f" {'step ratio':>10} {'overhead share':>14}"]
+    for r in results:
+        k, b = r["members"], r["batch_size"]
+        for clock, c in r["bare_step_ms"].items():
+            lines.append(f"{r['setting']:<11} {clock:<5} {c['K1_batch1']:>8.1f} {c[f'K{k}_batch1']:>8.1f} "
+                         f"{c[f'K1_batch{b}']:>9.1f} {c[f'K{k}_batch{b}']:>9.1f} "
+                         f"{k * c[f'K1_batch{b}'] / c[f'K{k}_batch{b}']:>9.2f}x "
+                         f"{c['K1_batch1'] / c[f'K1_batch{b}']:>14.0%}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--setting", choices=[*SETTINGS, "both"], default="both")
+    ap.add_argument("--members", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=0, help="training steps per run (default: per setting)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed repetitions of each arm, interleaved")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's default)")
+    ap.add_argument("--out", default=None, help="default: results/ensemble[_threadsN].json")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.environ["CIRCUITBOOK_PROGRESS"] = "0"
+    info = machine()
+    print(f"machine: {info['cpu_count']} CPUs, torch {info['torch']}, {info['torch_threads']} threads, "
+          f"load {info['load_avg_1m_at_start']:.2f}")
+    info["busy"] = info["load_avg_1m_at_start"] > 0.75 * info["cpu_count"]
+    if info["busy"]:
+        print(f"WARNING: the machine is busy (load {info['load_avg_1m_at_start']:.1f} on {info['cpu_count']} CPUs): "
+              "wall-clock numbers will be noisy; rerun when it is quiet, or with --threads 1 and read the cpu columns")
+    names = list(SETTINGS) if args.setting == "both" else [args.setting]
+    with tempfile.TemporaryDirectory(prefix="cb-bench-") as tmp:  # every arm gets its own empty store in here
+        results = [bench(n, args.steps, args.members, args.repeats, tmp) for n in names]
+    text = table(results)
+    print(text)
+    info["load_avg_1m_at_end"] = os.getloadavg()[0]
+    out = Path(args.out or RESULTS / (f"ensemble_threads{args.threads}.json" if args.threads else "ensemble.json"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": info, "args": vars(args), "results": results}, indent=2) + "\n")
+    out.with_suffix(".txt").write_text(
+        f"{info['date']}  {info['cpu_count']} CPUs, torch {info['torch']}, {info['torch_threads']} threads, "
+        f"load {info['load_avg_1m_at_start']:.2f} -> {info['load_avg_1m_at_end']:.2f}"
+        f"{'  (BUSY machine: wall-clock numbers are noisy)' if info['busy'] else ''}\n"
+        f"ratio = sequential / ensemble wall time (median of {args.repeats}); loop: the same for the step loop only; "
+        f"cpu: for process CPU time\n{text}\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
