@@ -349,6 +349,68 @@ def collect_ace_inputs(model, tokens, hook_name: str, output_fn: OutputFn | None
                      n_sequences=tokens.shape[0], n_positions=len(positions))
 
 
+def collect_ace_inputs_many(model, tokens, hook_names: Sequence[str], output_fn: OutputFn | None = None,
+                            position: int = -1, batch_size: int = 64) -> dict[str, AceInputs]:
+    """`collect_ace_inputs` at several hooks (e.g. every layer's residual stream) in one pass per batch.
+
+    One forward pass keeps the activation of every hook in the autograd graph; one backward pass
+    per task output then gives d out / d h at every hook at once (each Jacobian is the total
+    derivative through everything downstream of that hook, as in `collect_ace_inputs`). For a
+    large model and a scalar task output (a logit difference) this is n_hooks times cheaper than
+    calling `collect_ace_inputs` per hook. position: one int (the outputs are read there).
+    """
+    tokens = _check_tokens(tokens)
+    hook_names = list(hook_names)
+    if not hook_names or len(set(hook_names)) != len(hook_names):
+        raise ValueError(f"hook_names must be a non-empty list without repeats; got {hook_names!r}")
+    for name in hook_names:
+        check_hook_name(model, name)
+    if not isinstance(position, int):
+        raise ValueError(f"position={position!r} is not allowed; expected an integer")
+    _check_position(position, tokens.shape[1])
+    output_fn = output_fn or (lambda logits: logits)
+    acts = {name: [] for name in hook_names}
+    jacs = {name: [] for name in hook_names}
+    device = _model_device(model)
+    with _eval_mode(model), torch.enable_grad():
+        for start in range(0, tokens.shape[0], batch_size):
+            batch = tokens[start:start + batch_size].to(device)
+            captured: dict[str, torch.Tensor] = {}
+
+            def make_hook(name):
+                def hook(act, hook):
+                    _check_layout(act, batch, name)
+                    if name in captured:
+                        raise ValueError(f"hook_name={name!r} fired twice in one forward pass; expected once")
+                    if not act.requires_grad:  # the first hooked activation becomes the graph's leaf
+                        act = act.detach().clone().requires_grad_(True)
+                    captured[name] = act
+                    return act
+                return hook
+
+            logits = _logits_of(model.run_with_hooks(batch, fwd_hooks=[(n, make_hook(n)) for n in hook_names]))
+            missing = [n for n in hook_names if n not in captured]
+            if missing:
+                raise ValueError(f"hooks {missing} did not fire in the forward pass")
+            out = output_fn(logits[:, position])
+            out = out[:, None] if out.ndim == 1 else out
+            if out.ndim != 2 or out.shape[0] != batch.shape[0]:
+                raise ValueError(f"output_fn must return [batch, n_out] = [{batch.shape[0]}, n_out]; "
+                                 f"got shape {tuple(out.shape)}")
+            leaves = [captured[n] for n in hook_names]
+            per_output = []  # [n_out][n_hooks] of [B, D]
+            for o in range(out.shape[1]):
+                grads = torch.autograd.grad(out[:, o].sum(), leaves, retain_graph=o < out.shape[1] - 1,
+                                            allow_unused=True, materialize_grads=True)
+                per_output.append([g[:, position].reshape(batch.shape[0], -1) for g in grads])
+            for i, name in enumerate(hook_names):
+                leaf = leaves[i].detach()
+                acts[name].append(leaf[:, position].reshape(batch.shape[0], -1).float().cpu())
+                jacs[name].append(torch.stack([per_output[o][i] for o in range(out.shape[1])], 1).float().cpu())
+    return {name: AceInputs(activations=torch.cat(acts[name]), jacobians=torch.cat(jacs[name]),
+                            n_sequences=tokens.shape[0], n_positions=1) for name in hook_names}
+
+
 # --------------------------------------------------------------------------- #
 # Validation: keep / remove / flip
 # --------------------------------------------------------------------------- #

