@@ -188,3 +188,21 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, monkeypatch):
     for name, t in a.state().items():
         assert torch.equal(t, b.state()[name]), name
     assert a.metrics().step.max() == steps and a.metrics().groupby(["step", "member"]).size().max() == 1
+
+
+def test_device_choice(monkeypatch):
+    from circuitbook.train import default_device
+
+    monkeypatch.setenv("CIRCUITBOOK_DEVICE", "cpu")
+    assert default_device() == torch.device("cpu")
+    assert default_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="device 'gpu0' is not a torch device"):
+        default_device("gpu0")
+
+
+def test_ensemble_logits_follow_the_tokens_device():
+    from circuitbook.train import Ensemble
+
+    ens = Ensemble(MODEL, (0, 1), device="cpu")
+    out = ens.logits(TASK.test.tokens[:5])
+    assert out.shape == (2, 5, 3, 11) and out.device == TASK.test.tokens.device

@@ -175,7 +175,8 @@ def execute(nb: Notebook, profile: str, dest: Path, overrides: dict | None = Non
     t0 = time.time()
     try:
         pm.execute_notebook(str(root / nb.path), str(tmp), parameters=parameters, kernel_name="python3",
-                            cwd=str((root / nb.path).parent), progress_bar=False, log_output=False)
+                            cwd=str((root / nb.path).parent), progress_bar=False, log_output=False,
+                            start_timeout=300)  # a loaded machine can take long to start a kernel
     except pm.PapermillExecutionError as e:
         index, first_line = _failing_cell(tmp, root / nb.path)
         _finish_failed(tmp, dest)

@@ -81,20 +81,40 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def code_version(packages: Iterable[str] = ("models", "tasks", "train.py", "runs.py")) -> str:
+CORE_SOURCES = ("models/toy.py", "train.py", "tasks/base.py")
+
+
+def code_version(objects: Iterable = ()) -> str:
     """Hash of the library sources that determine what a training run computes.
 
-    Analysis and plotting code is left out on purpose: editing a figure must
-    not retrain every model.
+    The core (the model, the training loop, the batch protocol) plus the
+    modules that define `objects` (the task, the evaluation callback, ...)
+    when they live in this package. Other modules are left out on purpose:
+    adding a chapter's task or editing a figure must not retrain every model.
     """
+    files = {PACKAGE_DIR / rel for rel in CORE_SOURCES}
+    for obj in objects:
+        files.update(_package_sources(obj))
     h = hashlib.sha256()
-    for part in packages:
-        path = PACKAGE_DIR / part
-        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-        for f in files:
-            h.update(str(f.relative_to(PACKAGE_DIR)).encode())
-            h.update(f.read_bytes())
+    for f in sorted(files):
+        h.update(f.relative_to(PACKAGE_DIR).as_posix().encode())
+        h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def _package_sources(obj) -> set[Path]:
+    """Source files inside this package that define obj's class or function."""
+    import inspect
+
+    out = set()
+    for target in (obj, type(obj)):
+        try:
+            path = Path(inspect.getsourcefile(target)).resolve()
+        except (TypeError, OSError):
+            continue
+        if path.is_relative_to(PACKAGE_DIR):
+            out.add(path)
+    return out
 
 
 # ---------------------------------------------------------------- atomic writes

@@ -121,8 +121,9 @@ def per_member_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> to
 class Ensemble:
     """K models with identical architecture, parameters stacked on axis 0."""
 
-    def __init__(self, cfg: ToyConfig, seeds: Sequence[int], init_fn: Callable | None = None):
-        self.cfg = cfg
+    def __init__(self, cfg: ToyConfig, seeds: Sequence[int], init_fn: Callable | None = None,
+                 device: str | torch.device = "cpu"):
+        self.cfg, self.device = cfg, torch.device(device)
         members = [ToyTransformer(cfg, seed=s) for s in seeds]
         if init_fn is not None:
             for m, s in zip(members, seeds):
@@ -130,8 +131,8 @@ class Ensemble:
         self.base = ToyTransformer(cfg, seed=None).to("meta")  # structure only, for functional_call
         self.trainable = set(members[0].trainable_names())
         params, buffers = stack_module_state(members)
-        self.params = {k: v.detach().requires_grad_(k in self.trainable) for k, v in params.items()}
-        self.buffers = buffers
+        self.params = {k: v.detach().to(self.device).requires_grad_(k in self.trainable) for k, v in params.items()}
+        self.buffers = {k: v.to(self.device) for k, v in buffers.items()}
         self._forward = vmap(self._member_forward, in_dims=(0, 0, 0))
         self._forward_last = vmap(partial(self._member_forward, last_only=True), in_dims=(0, 0, 0))
 
@@ -146,12 +147,15 @@ class Ensemble:
         """tokens [B, T] (shared) or [K, B, T] (per member) -> logits [K, B, T, V].
 
         last_only: only the last position's logits ([K, B, 1, V]), at about half the cost.
+        The result is on the device of `tokens` (the ensemble may live on a GPU).
         """
+        out_device = tokens.device
+        tokens = tokens.to(self.device)
         if tokens.dim() == 2:
             tokens = tokens.expand(self.n_members, *tokens.shape)
         buffers = {k: v.expand(self.n_members, *v.shape[1:]) for k, v in self.buffers.items()}
         forward = self._forward_last if last_only else self._forward
-        return forward(self.params, buffers, tokens)
+        return forward(self.params, buffers, tokens).to(out_device)
 
     def member(self, k: int) -> ToyTransformer:
         """An ordinary ToyTransformer holding member k's weights (a copy)."""
@@ -178,8 +182,9 @@ class Optimizer:
     def __init__(self, params: dict[str, torch.Tensor], names: set[str], tc: TrainConfig):
         self.params = {n: p for n, p in params.items() if n in names}
         self.kind, self.betas, self.eps = tc.optimizer, tc.betas, tc.eps
-        self.lr = torch.tensor(tc.per_member("lr"))
-        self.wd = torch.tensor(tc.per_member("weight_decay"))
+        device = next(iter(self.params.values())).device
+        self.lr = torch.tensor(tc.per_member("lr"), device=device)
+        self.wd = torch.tensor(tc.per_member("weight_decay"), device=device)
         self.t = 0
         self.exp_avg = {n: torch.zeros_like(p) for n, p in self.params.items()} if self.kind == "adamw" else {}
         self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in self.params.items()} if self.kind == "adamw" else {}
@@ -264,6 +269,15 @@ def fingerprint(obj) -> object:
 
 # ---------------------------------------------------------------- runs
 
+def default_device(device: str | None = None) -> torch.device:
+    """The device to train on: the argument, $CIRCUITBOOK_DEVICE, CUDA if available, else CPU."""
+    choice = device or os.environ.get("CIRCUITBOOK_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(choice)
+    except RuntimeError as e:
+        raise ValueError(f"device {choice!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {e}") from None
+
+
 class Run:
     """A finished training run read from the store."""
 
@@ -324,7 +338,8 @@ def _ckpt_rel(step: int) -> str:
 
 def train(name: str, model: ToyConfig, task, config: TrainConfig, *, evaluate: EvalFn | None = None,
           store: runs.Store | None = None, init_fn: Callable | None = None,
-          fork_from: tuple[Run, int] | None = None, progress: bool | None = None) -> Run:
+          fork_from: tuple[Run, int] | None = None, progress: bool | None = None,
+          device: str | None = None) -> Run:
     """Train (or load from the store) an ensemble; return the finished Run.
 
     task: one Task shared by all members (each samples its own batches from
@@ -332,7 +347,8 @@ def train(name: str, model: ToyConfig, task, config: TrainConfig, *, evaluate: E
     initial weights (it must be deterministic). fork_from=(run, step) starts
     every member from that run's checkpoint (weights and optimizer state) and
     continues the step count from there, e.g. to branch off with another
-    weight decay.
+    weight decay. device: where to train (default $CIRCUITBOOK_DEVICE, else
+    CUDA when available, else CPU); it is not part of the run key.
     """
     store = store or runs.Store()
     tasks = list(task) if isinstance(task, (list, tuple)) else [task] * config.n_members
@@ -356,24 +372,26 @@ def train(name: str, model: ToyConfig, task, config: TrainConfig, *, evaluate: E
         "evaluate": fingerprint(evaluate),
         "init_fn": fingerprint(init_fn),
         "fork_from": None if fork_from is None else {"run": fork_from[0].key, "step": fork_from[1]},
-        "code_version": runs.code_version(),
+        "code_version": runs.code_version([*tasks, evaluate, init_fn]),
     }
     rundir = store.run_dir(name, full_config)
     with rundir.lock():
         if store.open_complete(rundir):
             print(f"[circuitbook] cached run {rundir.name} ({rundir.key}) at {rundir.path}", flush=True)
         else:
-            _Trainer(rundir, full_config, model, tasks, config, evaluate, init_fn, fork_from, progress).run()
+            _Trainer(rundir, full_config, model, tasks, config, evaluate, init_fn, fork_from, progress,
+                     default_device(device)).run()
     run = Run(rundir)
     context.note_run(run)
     return run
 
 
 class _Trainer:
-    def __init__(self, rundir, full_config, model_cfg, tasks, tc: TrainConfig, evaluate, init_fn, fork_from, progress):
+    def __init__(self, rundir, full_config, model_cfg, tasks, tc: TrainConfig, evaluate, init_fn, fork_from, progress,
+                 device):
         self.dir, self.tc, self.tasks, self.evaluate = rundir, tc, tasks, evaluate
         self.full_config = full_config
-        self.ens = Ensemble(model_cfg, tc.seeds, init_fn)
+        self.ens = Ensemble(model_cfg, tc.seeds, init_fn, device)
         self.opt = Optimizer(self.ens.params, self.ens.trainable, tc)
         self.start = 0
         if fork_from is not None:
@@ -385,6 +403,8 @@ class _Trainer:
         self.progress = progress if progress is not None else os.environ.get("CIRCUITBOOK_PROGRESS", "1") != "0"
         self.metrics_path = rundir.file("metrics.jsonl")
         self.last_loss = torch.full((tc.n_members,), float("nan"))
+        print(f"[circuitbook] training {rundir.name} ({rundir.key}): {tc.n_members} member(s), {tc.steps} steps "
+              f"on {self.ens.device}", flush=True)
 
     # -- checkpoints ---------------------------------------------------
     def _write_checkpoint(self, step: int) -> None:
@@ -429,7 +449,8 @@ class _Trainer:
     def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         batches = [t.train_batch(step, self.tc.batch_size, derive_seed("data", s))
                    for t, s in zip(self.tasks, self.tc.seeds)]
-        return torch.stack([b.tokens for b in batches]), torch.stack([b.labels for b in batches])
+        device = self.ens.device
+        return torch.stack([b.tokens for b in batches]).to(device), torch.stack([b.labels for b in batches]).to(device)
 
     def _log(self, step: int) -> None:
         row_metrics = {"train_loss": self.last_loss}
