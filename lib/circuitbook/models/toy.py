@@ -115,9 +115,26 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x):
+        if not self.hook_scale._forward_hooks:  # nothing reads the scale: PyTorch's fused kernel
+            return self.hook_normalized(F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps))
         x = x - x.mean(-1, keepdim=True)
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         return self.hook_normalized(x / scale * self.w + self.b)
+
+
+def _linear(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W (+ b) for W [d_in, d_out], as one fused GEMM (bias included)."""
+    return F.linear(x, W.T, b)
+
+
+def _per_head(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x [batch, pos, d_model] @ W [head, d_model, d_head] (+ b [head, d_head]) -> [batch, pos, head, d_head].
+
+    All heads in one GEMM: the einsum form would copy the activations to reorder them.
+    """
+    h, d, e = W.shape
+    out = _linear(x, W.permute(1, 0, 2).reshape(d, h * e), None if b is None else b.reshape(h * e))
+    return out.unflatten(-1, (h, e))
 
 
 class Attention(nn.Module):
@@ -167,27 +184,20 @@ class Attention(nn.Module):
         rows = slice(n - 1, n) if last_only else slice(0, n)
         xq = x[:, rows]
         scale = cfg.attn_scale if cfg.attn_scale is not None else math.sqrt(cfg.head_dim)
-        v = torch.einsum("bpd,hde->bphe", x, self.W_V)
-        if cfg.bias:
-            v = v + self.b_V
-        v = self.hook_v(v)
+        v = self.hook_v(_per_head(x, self.W_V, self.b_V if cfg.bias else None))
         if cfg.merged_qk:
-            q = self.hook_q(torch.einsum("bpd,hde->bphe", xq, self.W_QK))
+            q = self.hook_q(_per_head(xq, self.W_QK))
             k = self.hook_k(x.unsqueeze(-2).expand(*x.shape[:-1], cfg.n_heads, cfg.d_model))
         else:
-            q = torch.einsum("bpd,hde->bphe", xq, self.W_Q)
-            k = torch.einsum("bpd,hde->bphe", x, self.W_K)
-            if cfg.bias:
-                q, k = q + self.b_Q, k + self.b_K
-            q, k = self.hook_q(q), self.hook_k(k)
-        scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / scale
+            q = self.hook_q(_per_head(xq, self.W_Q, self.b_Q if cfg.bias else None))
+            k = self.hook_k(_per_head(x, self.W_K, self.b_K if cfg.bias else None))
+        scores = (q.transpose(1, 2) @ k.permute(0, 2, 3, 1)) / scale  # [batch, head, query, key]
         if cfg.positional == "relative":
             scores = scores + self.P[:, self.offsets[rows, :n]]
         scores = self.hook_attn_scores(scores.masked_fill(~self.mask[rows, :n], float("-inf")))
         pattern = self.hook_pattern(scores.softmax(-1))
-        z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))
-        out = torch.einsum("bqhe,hed->bqd", z, self.W_O)
-        return out + self.b_O if cfg.bias else out
+        z = self.hook_z((pattern @ v.transpose(1, 2)).transpose(1, 2))  # [batch, query, head, d_head]
+        return _linear(z.flatten(-2), self.W_O.flatten(0, 1), self.b_O if cfg.bias else None)  # all heads at once
 
 
 class MLP(nn.Module):
@@ -202,12 +212,10 @@ class MLP(nn.Module):
         self.hook_pre, self.hook_post = HookPoint(), HookPoint()  # [batch, pos, d_mlp]
 
     def forward(self, x):
-        pre = x @ self.W_in
-        if self.cfg.bias:
-            pre = pre + self.b_in
+        bias = self.cfg.bias
+        pre = self.hook_pre(_linear(x, self.W_in, self.b_in if bias else None))
         act = F.relu if self.cfg.act_fn == "relu" else F.gelu
-        out = self.hook_post(act(self.hook_pre(pre))) @ self.W_out
-        return out + self.b_out if self.cfg.bias else out
+        return _linear(self.hook_post(act(pre)), self.W_out, self.b_out if bias else None)
 
 
 class Block(nn.Module):
@@ -244,7 +252,7 @@ class Embed(nn.Module):
         self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
 
     def forward(self, tokens):
-        return self.W_E[tokens]
+        return F.embedding(tokens, self.W_E)
 
 
 class PosEmbed(nn.Module):
@@ -265,7 +273,7 @@ class Unembed(nn.Module):
         self.bias = cfg.bias
 
     def forward(self, x):
-        return x @ self.W_U + self.b_U if self.bias else x @ self.W_U
+        return _linear(x, self.W_U, self.b_U if self.bias else None)
 
 
 class ToyTransformer(HookedRootModule):
