@@ -123,8 +123,13 @@ class LayerNorm(nn.Module):
 
 
 def _linear(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ W (+ b) for W [d_in, d_out], as one fused GEMM (bias included)."""
-    return F.linear(x, W.T, b)
+    """x @ W (+ b) for W [d_in, d_out], as one fused GEMM (bias included).
+
+    The leading dims are flattened first: under vmap (the ensemble) a 3-D x with a
+    batched W would otherwise broadcast W over the batch, and its gradient would be
+    built as one [d_in, d_out] outer product per sequence, then summed.
+    """
+    return F.linear(x.reshape(-1, x.shape[-1]), W.T, b).unflatten(0, x.shape[:-1])
 
 
 def _per_head(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
