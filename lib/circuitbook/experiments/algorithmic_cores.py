@@ -186,29 +186,11 @@ def final_residual(model: ToyTransformer, tokens: torch.Tensor, position: int | 
     return ace.collect_activations(model, tokens, final_hook(model.cfg), position=position, batch_size=batch_size)
 
 
-@dataclass(frozen=True)
-class ReadoutValidation:
-    """keep / remove / flip accuracy for each k (like ace.CoreValidation), plus the dimensions."""
-
-    ks: list[int]
-    clean: float
-    keep: list[float]
-    remove: list[float]
-    flip: list[float]
-    chance: float
-    sufficient_dim: int | None
-    necessary_dim: int | None
-
-    def at(self, k: int) -> dict:
-        i = self.ks.index(k)
-        return {"keep": self.keep[i], "remove": self.remove[i], "flip": self.flip[i]}
-
-
 @torch.no_grad()
 def validate_readout(model: ToyTransformer, resid: torch.Tensor, labels: torch.Tensor, core: ace.AceCore,
                      chance: float, ks: Sequence[int] | None = None, modes: Sequence[str] = ace.INTERVENTIONS,
-                     sufficient_tol: float = SUFFICIENT_TOL, necessary_tol: float = CHANCE_TOL) -> ReadoutValidation:
-    """`ace.validate_core` at the last residual stream, computed from its activations.
+                     sufficient_tol: float = SUFFICIENT_TOL, necessary_tol: float = CHANCE_TOL) -> ace.CoreValidation:
+    """`ace.validate_core` at the last residual stream, computed from its activations (mean-centred).
 
     resid [..., D] are the clean activations at `final_hook` (every position that is scored);
     labels [...] the targets. Intervening there changes nothing upstream, so the intervened
@@ -231,12 +213,13 @@ def validate_readout(model: ToyTransformer, resid: torch.Tensor, labels: torch.T
     else:
         scores = {m: [acc(ace.apply_intervention(h, Q[:, :k], mu, m)) if m in modes else float("nan") for k in ks]
                   for m in ace.INTERVENTIONS}
-    return ReadoutValidation(ks=ks, clean=clean, keep=scores["keep"], remove=scores["remove"], flip=scores["flip"],
+    return ace.CoreValidation(ks=ks, clean=clean, keep=scores["keep"], remove=scores["remove"], flip=scores["flip"],
                              chance=chance,
                              sufficient_dim=ace.sufficient_dimension(ks, scores["keep"], clean, sufficient_tol)
                              if "keep" in modes else None,
                              necessary_dim=ace.necessary_dimension(ks, scores["remove"], chance, necessary_tol)
-                             if "remove" in modes else None)
+                             if "remove" in modes else None,
+                             centered=True)
 
 
 def readout_jacobians(model: ToyTransformer, resid: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
@@ -361,7 +344,7 @@ class MarkovMember:
     seed: int
     accuracy: float
     core: ace.AceCore
-    validation: ReadoutValidation
+    validation: ace.CoreValidation
     coords: torch.Tensor  # [S, T, r] core coordinates of the analysis sequences
     operator: ace.CoreOperator
     eig_rel_error: float
