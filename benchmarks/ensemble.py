@@ -16,26 +16,21 @@ Writes benchmarks/results/ensemble.json and ensemble.txt.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from functools import partial
-from pathlib import Path
 
 import torch
 from torch.func import vmap
 
 import circuitbook as cb
+import common
 from circuitbook.tasks.assign_add import AssignAddTask
 from circuitbook.tasks.base import Batch, step_generator
 from circuitbook.train import Ensemble, Optimizer, per_member_loss
 
-RESULTS = Path(__file__).resolve().parent / "results"
 # Batched and single matmuls round differently; Adam's normalised step lets that drift grow a little with steps.
 TOLERANCE = {"loss": 1e-4, "weight": 1e-2}
 
@@ -175,13 +170,6 @@ def bench(name: str, steps: int, members: int, repeats: int, tmp: str) -> dict:
     }
 
 
-def machine() -> dict:
-    return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu_count": os.cpu_count(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "python": sys.version.split()[0],
-            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "load_avg_1m_at_start": os.getloadavg()[0]}
-
-
 def table(results: list[dict]) -> str:
     lines = [f"{'setting':<11} {'K':>2} {'steps':>5}  {'ensemble s':>10} {'sequential s':>12} {'ratio':>6}"
              f"  {'loop':>6} {'cpu':>6}  {'ms/member-step E|S':>18}  {'max |dw|':>8} {'max |dloss|':>11} {'same':>4}"]
@@ -215,32 +203,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's default)")
     ap.add_argument("--out", default=None, help="default: results/ensemble[_threadsN].json")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     os.environ["CIRCUITBOOK_PROGRESS"] = "0"
-    info = machine()
-    print(f"machine: {info['cpu_count']} CPUs, torch {info['torch']}, {info['torch_threads']} threads, "
-          f"load {info['load_avg_1m_at_start']:.2f}")
-    info["busy"] = info["load_avg_1m_at_start"] > 0.75 * info["cpu_count"]
-    if info["busy"]:
-        print(f"WARNING: the machine is busy (load {info['load_avg_1m_at_start']:.1f} on {info['cpu_count']} CPUs): "
-              "wall-clock numbers will be noisy; rerun when it is quiet, or with --threads 1 and read the cpu columns")
+    info = common.start(args.threads)
     names = list(SETTINGS) if args.setting == "both" else [args.setting]
     with tempfile.TemporaryDirectory(prefix="cb-bench-") as tmp:  # every arm gets its own empty store in here
         results = [bench(n, args.steps, args.members, args.repeats, tmp) for n in names]
     text = table(results)
     print(text)
-    info["load_avg_1m_at_end"] = os.getloadavg()[0]
-    out = Path(args.out or RESULTS / (f"ensemble_threads{args.threads}.json" if args.threads else "ensemble.json"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": info, "args": vars(args), "results": results}, indent=2) + "\n")
-    out.with_suffix(".txt").write_text(
-        f"{info['date']}  {info['cpu_count']} CPUs, torch {info['torch']}, {info['torch_threads']} threads, "
-        f"load {info['load_avg_1m_at_start']:.2f} -> {info['load_avg_1m_at_end']:.2f}"
-        f"{'  (BUSY machine: wall-clock numbers are noisy)' if info['busy'] else ''}\n"
-        f"ratio = sequential / ensemble wall time (median of {args.repeats}); loop: the same for the step loop only; "
-        f"cpu: for process CPU time\n{text}\n")
-    print(f"wrote {out}")
+    common.write("ensemble", args.out, args, info, results,
+                 f"ratio = sequential / ensemble wall time (median of {args.repeats}); loop: the same for the "
+                 "step loop only; cpu: for process CPU time", text)
 
 
 if __name__ == "__main__":

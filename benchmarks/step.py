@@ -18,15 +18,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
-import json
 import os
-import platform
 import statistics
-import sys
 import time
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +31,9 @@ from transformer_lens.model_bridge import TransformerBridge
 from transformer_lens.model_bridge.sources.native.model import NativeModel
 
 import circuitbook as cb
+import common
 from circuitbook.train import Ensemble, Optimizer, per_member_loss
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = {
     # Assign and Add width (2 layers, d_model 128, d_mlp 512, batch 512 x 16, loss at the last position);
     # MLP in both layers and biases, because the native model has no per-layer attn-only switch and no bias-free mode
@@ -203,34 +198,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's default)")
     ap.add_argument("--out", default=None, help="default: results/step[_threadsN].json")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    info = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu_count": os.cpu_count(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "python": sys.version.split()[0],
-            "platform": platform.platform(), "load_avg_1m_at_start": os.getloadavg()[0]}
-    print(f"machine: {info['cpu_count']} CPUs, torch {info['torch']}, {info['torch_threads']} threads, "
-          f"load {info['load_avg_1m_at_start']:.2f}")
-    info["busy"] = info["load_avg_1m_at_start"] > 0.75 * info["cpu_count"]
-    if info["busy"]:
-        print(f"WARNING: the machine is busy (load {info['load_avg_1m_at_start']:.1f} on {info['cpu_count']} CPUs): "
-              "wall-clock numbers will be noisy; rerun when it is quiet, or with --threads 1 and read the cpu columns")
+    info = common.start(args.threads)
     sizes = list(SIZES) if args.size == "both" else [args.size]
     norms = [None, "LN"] if args.norm == "both" else [None if args.norm == "none" else "LN"]
     results = [bench(s, n, args.repeats) for s in sizes for n in norms]
-    info["load_avg_1m_at_end"] = os.getloadavg()[0]
     text = table(results)
     print(text)
-    out = Path(args.out or RESULTS / (f"step_threads{args.threads}.json" if args.threads else "step.json"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": info, "args": vars(args), "results": results}, indent=2) + "\n")
-    out.with_suffix(".txt").write_text(
-        f"{info['date']}  {info['cpu_count']} CPUs, torch {info['torch']}, {info['torch_threads']} threads, "
-        f"load {info['load_avg_1m_at_start']:.2f} -> {info['load_avg_1m_at_end']:.2f}"
-        f"{'  (BUSY machine: wall-clock numbers are noisy)' if info['busy'] else ''}\n"
-        f"median ms per training step over {[r['repeats'] for r in results]} interleaved repetitions; ratios are "
-        f"medians of per-repetition ratios (< 1: the toy model is faster); (min): ratio of the fastest repetitions; "
-        f"(cpu): of process CPU time\n{text}\n")
-    print(f"wrote {out}")
+    common.write("step", args.out, args, info, results,
+                 f"median ms per training step over {[r['repeats'] for r in results]} interleaved repetitions; "
+                 "ratios are medians of per-repetition ratios (< 1: the toy model is faster); (min): ratio of the "
+                 "fastest repetitions; (cpu): of process CPU time", text)
 
 
 if __name__ == "__main__":

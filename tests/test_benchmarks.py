@@ -1,0 +1,33 @@
+"""The benchmark scripts run end to end at a tiny size and write what their README reads.
+
+Timings are not checked here (they are meaningless at this size); the scripts' own
+fairness checks are: the ensemble must train the same models as the sequential runs,
+and the toy model must compute the same logits as TransformerLens's native model.
+"""
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def run_script(name: str, *args: str, out) -> dict:
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args, "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    assert out.with_suffix(".txt").read_text().count("\n") >= 3
+    return json.loads(out.read_text())
+
+
+def test_ensemble_benchmark_trains_the_same_models(tmp_path):
+    report = run_script("ensemble.py", "--setting", "markov", "--members", "2", "--steps", "3", "--repeats", "1",
+                        out=tmp_path / "ensemble.json")
+    (result,) = report["results"]
+    assert result["agreement"]["agree"]
+    assert result["ratio_wall"] > 0 and report["machine"]["cpu_count"] >= 1
+
+
+def test_step_benchmark_compares_equal_models(tmp_path):
+    report = run_script("step.py", "--size", "small", "--norm", "none", "--repeats", "1", out=tmp_path / "step.json")
+    (result,) = report["results"]
+    assert max(result["max_abs_logit_diff"].values()) < 1e-4
+    assert result["ratio_toy_over_bridge"] > 0
