@@ -262,3 +262,23 @@ def test_bridge_hooks():
     assert torch.allclose(logit_diff.jacobians[:, 0], inputs.jacobians[:, 0] - inputs.jacobians[:, 1], atol=1e-5)
     with pytest.raises(ValueError, match="hook_name"):
         ace.collect_activations(bridge, tokens, "blocks.1.hook_nonexistent")
+
+
+def test_several_hooks_at_once_equal_one_at_a_time_on_a_bridge():
+    """A bridge may use a hook's input elsewhere too: each Jacobian must be taken through what the hook returns,
+    and an earlier hook's through the later hooks (one pass for several hooks gives the same as one per hook)."""
+    from transformer_lens import TransformerBridge
+
+    bridge = TransformerBridge.boot_native(dict(d_model=16, n_layers=2, n_ctx=8, d_head=4, n_heads=4, d_vocab=20,
+                                                d_mlp=32, act_fn="gelu", seed=0))
+    bridge.eval()
+    tokens = torch.randint(0, 20, (12, 8), generator=torch.Generator().manual_seed(4))
+    hooks = ["blocks.0.hook_resid_post", "blocks.1.hook_resid_mid"]
+    margin = lambda z: z[..., 0] - z[..., 1]  # noqa: E731
+    many = ace.collect_ace_inputs_many(bridge, tokens, hooks, margin, batch_size=5)
+    for name in hooks:
+        expected = reference_jacobian(bridge, tokens, name, -1, -1, margin)
+        one = ace.collect_ace_inputs(bridge, tokens, name, margin, batch_size=5)
+        assert torch.allclose(one.jacobians[0, 0], expected, atol=1e-5)
+        assert torch.allclose(many[name].jacobians, one.jacobians, atol=1e-5)
+        assert torch.allclose(many[name].activations, one.activations, atol=1e-6)

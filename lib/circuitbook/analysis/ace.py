@@ -276,23 +276,27 @@ class AceInputs:
     n_positions: int
 
 
-def _jacobian_rows(out: torch.Tensor, leaf: torch.Tensor, pos: int) -> torch.Tensor:
-    """d out[b, o] / d leaf[b, pos] for all b, o -> [B, n_out, D].
+def _jacobian_rows(out: torch.Tensor, leaves: Sequence[torch.Tensor], pos: int) -> list[torch.Tensor]:
+    """d out[b, o] / d leaf[b, pos] for all b, o, for each leaf -> [B, n_out, D] per leaf.
 
     Samples in a batch do not interact, so the gradient of sum_b out[b, o] w.r.t. leaf[b]
-    is sample b's Jacobian row o. All n_out backward passes run as one vmapped backward
-    (is_grads_batched); a plain loop is the fallback for ops without batching rules.
+    is sample b's Jacobian row o. With several outputs, the n_out backward passes run as one
+    vmapped backward (is_grads_batched); a plain loop is the fallback for ops without
+    batching rules. One backward pass serves every leaf at once.
     """
     n_out = out.shape[1]
+
+    def backward(grad_out, batched):
+        return torch.autograd.grad(out, leaves, grad_outputs=grad_out, retain_graph=True, is_grads_batched=batched,
+                                   allow_unused=True, materialize_grads=True)
+
     basis = torch.eye(n_out, dtype=out.dtype, device=out.device)[:, None, :].expand(n_out, *out.shape)
     try:
-        (grads,) = torch.autograd.grad(out, leaf, grad_outputs=basis, retain_graph=True,
-                                       is_grads_batched=True, allow_unused=True, materialize_grads=True)
+        grads = backward(basis, True) if n_out > 1 else [g[None] for g in backward(basis[0], False)]
     except (RuntimeError, NotImplementedError):
-        grads = torch.stack([torch.autograd.grad(out[:, o].sum(), leaf, retain_graph=True, allow_unused=True,
-                                                 materialize_grads=True)[0] for o in range(n_out)])
-    rows = grads[:, :, pos].reshape(n_out, out.shape[0], -1)  # [n_out, B, D]
-    return rows.transpose(0, 1)
+        per_output = [backward(basis[o], False) for o in range(n_out)]
+        grads = [torch.stack([g[i] for g in per_output]) for i in range(len(leaves))]
+    return [g[:, :, pos].reshape(n_out, out.shape[0], -1).transpose(0, 1) for g in grads]
 
 
 def collect_ace_inputs(model, tokens, hook_name: str, output_fn: OutputFn | None = None,
@@ -303,61 +307,24 @@ def collect_ace_inputs(model, tokens, hook_name: str, output_fn: OutputFn | None
     output_fn(logits [B, vocab]) -> [B, n_out] (or [B] for one output) maps the logits *at the
     same position as the activation* to the task-relevant outputs (default: all logits), e.g.
     `lambda z: z[:, :59]` or the logit difference `lambda z: z[:, is_id] - z[:, are_id]`.
-    The activation is patched in as a leaf tensor, so the Jacobian is exact autograd.
+    The Jacobian is exact autograd.
     For position='all' each position is its own sample and its Jacobian is the same-position
     block d out[t] / d h[t] (other positions' activations held fixed; the cross-position
     terms d out[t'] / d h[t], t' > t, are not part of it).
     Cost per batch: one forward and, per position, one vmapped backward over n_out outputs;
     lower batch_size if n_out * batch * pos * D floats do not fit in memory.
     """
-    tokens = _check_tokens(tokens)
-    check_hook_name(model, hook_name)
-    _check_position(position, tokens.shape[1])
-    output_fn = output_fn or (lambda logits: logits)
-    positions = range(tokens.shape[1]) if position == "all" else [position]
-    acts, jacs = [], []
-    device = _model_device(model)
-    with _eval_mode(model), torch.enable_grad():
-        for start in range(0, tokens.shape[0], batch_size):
-            batch = tokens[start:start + batch_size].to(device)
-            leaves = []
-
-            def patch_in_leaf(act, hook):
-                _check_layout(act, batch, hook_name)
-                leaves.append(act.detach().clone().requires_grad_(True))
-                return leaves[-1]
-
-            logits = _logits_of(model.run_with_hooks(batch, fwd_hooks=[(hook_name, patch_in_leaf)]))
-            if len(leaves) != 1:
-                raise ValueError(f"hook_name={hook_name!r} fired {len(leaves)} times in one forward pass; "
-                                 f"expected once")
-            leaf = leaves[0]
-            flat = leaf.detach().reshape(*leaf.shape[:2], -1)
-            batch_acts, batch_jacs = [], []
-            for pos in positions:
-                out = output_fn(logits[:, pos])
-                out = out[:, None] if out.ndim == 1 else out  # one scalar output, e.g. a logit difference
-                if out.ndim != 2 or out.shape[0] != batch.shape[0]:
-                    raise ValueError(f"output_fn must return [batch, n_out] = [{batch.shape[0]}, n_out]; "
-                                     f"got shape {tuple(out.shape)}")
-                batch_acts.append(flat[:, pos])
-                batch_jacs.append(_jacobian_rows(out, leaf, pos).detach())
-            # stack positions on axis 1 so the result is sequence-major
-            acts.append(torch.stack(batch_acts, 1).reshape(-1, flat.shape[-1]).float().cpu())
-            jacs.append(torch.stack(batch_jacs, 1).reshape(-1, *batch_jacs[0].shape[1:]).float().cpu())
-    return AceInputs(activations=torch.cat(acts), jacobians=torch.cat(jacs),
-                     n_sequences=tokens.shape[0], n_positions=len(positions))
+    return collect_ace_inputs_many(model, tokens, [hook_name], output_fn, position, batch_size)[hook_name]
 
 
 def collect_ace_inputs_many(model, tokens, hook_names: Sequence[str], output_fn: OutputFn | None = None,
-                            position: int = -1, batch_size: int = 64) -> dict[str, AceInputs]:
+                            position: Position = -1, batch_size: int = 64) -> dict[str, AceInputs]:
     """`collect_ace_inputs` at several hooks (e.g. every layer's residual stream) in one pass per batch.
 
-    One forward pass keeps the activation of every hook in the autograd graph; one backward pass
-    per task output then gives d out / d h at every hook at once (each Jacobian is the total
-    derivative through everything downstream of that hook, as in `collect_ace_inputs`). For a
-    large model and a scalar task output (a logit difference) this is n_hooks times cheaper than
-    calling `collect_ace_inputs` per hook. position: one int (the outputs are read there).
+    One forward pass keeps the activation of every hook in the autograd graph, and each backward
+    pass gives d out / d h at every hook at once (each Jacobian is the total derivative through
+    everything downstream of that hook, exactly as for one hook). For a large model this is
+    n_hooks times cheaper than calling `collect_ace_inputs` per hook.
     """
     tokens = _check_tokens(tokens)
     hook_names = list(hook_names)
@@ -365,50 +332,52 @@ def collect_ace_inputs_many(model, tokens, hook_names: Sequence[str], output_fn:
         raise ValueError(f"hook_names must be a non-empty list without repeats; got {hook_names!r}")
     for name in hook_names:
         check_hook_name(model, name)
-    if not isinstance(position, int):
-        raise ValueError(f"position={position!r} is not allowed; expected an integer")
     _check_position(position, tokens.shape[1])
     output_fn = output_fn or (lambda logits: logits)
+    positions = range(tokens.shape[1]) if position == "all" else [position]
     acts = {name: [] for name in hook_names}
     jacs = {name: [] for name in hook_names}
     device = _model_device(model)
     with _eval_mode(model), torch.enable_grad():
         for start in range(0, tokens.shape[0], batch_size):
             batch = tokens[start:start + batch_size].to(device)
-            captured: dict[str, torch.Tensor] = {}
+            captured: dict[str, torch.Tensor] = {}  # the zero each Jacobian is taken against
+            values: dict[str, torch.Tensor] = {}  # the activations themselves
 
-            def make_hook(name):
-                def hook(act, hook):
+            def capture(name):  # by the requested name: a bridge's hook may carry another (aliased) name
+                def hook_fn(act, hook):
                     _check_layout(act, batch, name)
                     if name in captured:
                         raise ValueError(f"hook_name={name!r} fired twice in one forward pass; expected once")
-                    if not act.requires_grad:  # the first hooked activation becomes the graph's leaf
-                        act = act.detach().clone().requires_grad_(True)
-                    captured[name] = act
-                    return act
-                return hook
+                    # Differentiate w.r.t. a zero added to the hook's output: that counts only the paths
+                    # through what the hook returns (a bridge may use its input elsewhere too), and keeps
+                    # the graph whole, so an earlier hook's Jacobian still flows through later ones.
+                    values[name] = act.detach()
+                    captured[name] = torch.zeros_like(act, requires_grad=True)
+                    return act + captured[name]
+                return hook_fn
 
-            logits = _logits_of(model.run_with_hooks(batch, fwd_hooks=[(n, make_hook(n)) for n in hook_names]))
+            logits = _logits_of(model.run_with_hooks(batch, fwd_hooks=[(n, capture(n)) for n in hook_names]))
             missing = [n for n in hook_names if n not in captured]
             if missing:
-                raise ValueError(f"hooks {missing} did not fire in the forward pass")
-            out = output_fn(logits[:, position])
-            out = out[:, None] if out.ndim == 1 else out
-            if out.ndim != 2 or out.shape[0] != batch.shape[0]:
-                raise ValueError(f"output_fn must return [batch, n_out] = [{batch.shape[0]}, n_out]; "
-                                 f"got shape {tuple(out.shape)}")
+                raise ValueError(f"hook_name(s) {missing} did not fire in the forward pass")
             leaves = [captured[n] for n in hook_names]
-            per_output = []  # [n_out][n_hooks] of [B, D]
-            for o in range(out.shape[1]):
-                grads = torch.autograd.grad(out[:, o].sum(), leaves, retain_graph=o < out.shape[1] - 1,
-                                            allow_unused=True, materialize_grads=True)
-                per_output.append([g[:, position].reshape(batch.shape[0], -1) for g in grads])
+            per_pos = []  # [positions][hooks] of [B, n_out, D]
+            for pos in positions:
+                out = output_fn(logits[:, pos])
+                out = out[:, None] if out.ndim == 1 else out  # one scalar output, e.g. a logit difference
+                if out.ndim != 2 or out.shape[0] != batch.shape[0]:
+                    raise ValueError(f"output_fn must return [batch, n_out] = [{batch.shape[0]}, n_out]; "
+                                     f"got shape {tuple(out.shape)}")
+                per_pos.append([rows.detach() for rows in _jacobian_rows(out, leaves, pos)])
             for i, name in enumerate(hook_names):
-                leaf = leaves[i].detach()
-                acts[name].append(leaf[:, position].reshape(batch.shape[0], -1).float().cpu())
-                jacs[name].append(torch.stack([per_output[o][i] for o in range(out.shape[1])], 1).float().cpu())
+                flat = values[name].reshape(*batch.shape, -1)
+                # stack positions on axis 1 so the result is sequence-major
+                acts[name].append(flat[:, list(positions)].reshape(-1, flat.shape[-1]).float().cpu())
+                rows = torch.stack([p[i] for p in per_pos], 1)
+                jacs[name].append(rows.reshape(-1, *rows.shape[2:]).float().cpu())
     return {name: AceInputs(activations=torch.cat(acts[name]), jacobians=torch.cat(jacs[name]),
-                            n_sequences=tokens.shape[0], n_positions=1) for name in hook_names}
+                            n_sequences=tokens.shape[0], n_positions=len(positions)) for name in hook_names}
 
 
 # --------------------------------------------------------------------------- #
