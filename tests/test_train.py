@@ -206,3 +206,112 @@ def test_ensemble_logits_follow_the_tokens_device():
     ens = Ensemble(MODEL, (0, 1), device="cpu")
     out = ens.logits(TASK.test.tokens[:5])
     assert out.shape == (2, 5, 3, 11) and out.device == TASK.test.tokens.device
+
+
+# ---------------------------------------------------------------- any model class, micro-batches, precision
+
+def test_micro_batches_give_the_full_batch_step(runs_dir):
+    """Gradient accumulation over slices is one optimizer step on the whole batch.
+
+    Plain SGD: Adam would turn the rounding noise of a gradient that is exactly zero in theory
+    (the key bias) into full-size steps, which says nothing about the accumulation."""
+    kw = dict(batch_size=24, weight_decay=0.0, optimizer="sgd", lr=0.1)
+    whole = cb.train("t/whole", MODEL, TASK, short(**kw))
+    sliced = cb.train("t/sliced", MODEL, TASK, short(**kw, micro_batch_size=7))
+    assert whole.key != sliced.key
+    for name, w in whole.state().items():
+        assert torch.allclose(w, sliced.state()[name], atol=2e-5), name
+    pd.testing.assert_series_equal(whole.metrics().train_loss, sliced.metrics().train_loss, atol=1e-5)
+
+
+def test_micro_batches_weight_next_token_slices_by_scored_labels(runs_dir):
+    """Slices with different numbers of scored (non-ignored) labels are weighted by their counts."""
+    from circuitbook.train import Ensemble, _Trainer
+
+    tokens = torch.randint(0, 12, (1, 6, 3))
+    labels = torch.randint(0, 11, (1, 6, 3))
+    labels[0, :2, :2] = -100  # the first slice scores fewer labels
+    cfg = TrainConfig(steps=1, batch_size=6, micro_batch_size=2)
+    grads = []
+    for tc in (TrainConfig(steps=1, batch_size=6), cfg):
+        t = _Trainer.__new__(_Trainer)
+        t.tc, t.ens = tc, Ensemble(MODEL, (0,))
+        loss = t._accumulate_gradients(tokens, labels, "next_token")
+        grads.append((loss, {n: p.grad.clone() for n, p in t.ens.params.items() if p.grad is not None}))
+    assert torch.allclose(grads[0][0], grads[1][0], atol=1e-6)
+    for n in grads[0][1]:
+        assert torch.allclose(grads[0][1][n], grads[1][1][n], atol=1e-6), n
+
+
+def test_bf16_autocast_agrees_with_fp32(runs_dir):
+    """precision="bf16" (autocast) trains the same model within bf16's resolution on this task."""
+    a = cb.train("t/fp32", MODEL, TASK, short(steps=60, batch_size=32), evaluate=EVAL)
+    b = cb.train("t/bf16", MODEL, TASK, short(steps=60, batch_size=32, precision="bf16"), evaluate=EVAL)
+    la, lb = a.metrics().train_loss.to_numpy()[1:], b.metrics().train_loss.to_numpy()[1:]
+    # stated tolerance: 3% relative on every logged loss over 60 steps (bf16 has an 8-bit mantissa)
+    assert abs(lb - la).max() / abs(la).max() < 0.03, (la, lb)
+    assert not (la == lb).all(), "bf16 must actually change the arithmetic"
+    with pytest.raises(ValueError, match="precision"):
+        short(precision="fp16")
+
+
+class _Noisy(torch.nn.Module):
+    """A tiny registered model with dropout: members must draw their own masks in training."""
+
+    def __init__(self, cfg, seed):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.W = torch.nn.Parameter(torch.randn(cfg.d_vocab, cfg.d_out, generator=g) * 0.1)
+        self.drop = torch.nn.Dropout(cfg.p)
+
+    def forward(self, tokens, last_only=False):
+        out = self.drop(torch.nn.functional.embedding(tokens, self.W))
+        return out[:, -1:] if last_only else out
+
+    def trainable_names(self):
+        return ["W"]
+
+
+from dataclasses import asdict, dataclass  # noqa: E402
+
+from circuitbook.models import register_model  # noqa: E402
+
+
+@register_model
+@dataclass(frozen=True)
+class NoisyConfig:
+    d_vocab: int = 12
+    d_out: int = 11
+    p: float = 0.5
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(**d)
+
+    def build(self, seed=0):
+        return _Noisy(self, 0 if seed is None else seed)
+
+
+def test_any_registered_model_trains_and_reloads(runs_dir):
+    cfg = NoisyConfig()
+    run = cb.train("t/noisy", cfg, TASK, short(seeds=(0, 1)), evaluate=EVAL)
+    assert run.model_config == cfg and isinstance(run.model(1), _Noisy)
+    assert torch.equal(run.model(1).W, run.state()["W"][1])
+
+
+def test_dropout_masks_differ_between_members_in_training_and_are_off_in_evaluation():
+    from circuitbook.train import Ensemble
+
+    ens = Ensemble(NoisyConfig(), (0, 0))  # two members with identical weights
+    tokens = torch.randint(0, 12, (64, 3))
+    train_out = ens.logits(tokens, training=True)
+    assert not torch.equal(train_out[0], train_out[1]), "each member draws its own dropout mask"
+    eval_out = ens.logits(tokens)
+    assert torch.equal(eval_out[0], eval_out[1]), "no dropout in evaluation"
+    with pytest.raises(TypeError, match="not a registered model config"):
+        from circuitbook.models import config_to_dict
+
+        config_to_dict(object())

@@ -32,11 +32,13 @@ from torch.func import functional_call, stack_module_state, vmap
 from tqdm import tqdm
 
 from . import context, runs
+from .models.registry import config_from_dict, config_to_dict
 from .models.toy import ToyConfig, ToyTransformer
 from .tasks.base import IGNORE_INDEX, Batch, derive_seed
 
 OPTIMIZERS = ("adamw", "sgd")
 LOSSES = ("last", "next_token")
+PRECISIONS = ("fp32", "bf16")  # bf16: autocast of the forward pass (the Assign-and-Add authors' GPU setting)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class TrainConfig:
     eval_every: int = 100
     checkpoint_every: int | None = None  # regular checkpoints (None: only log-spaced and final)
     log_checkpoints: int = 16  # log-spaced checkpoints between step 1 and the end
+    micro_batch_size: int | None = None  # accumulate gradients over slices of this many sequences (same step)
+    precision: str = "fp32"
 
     def __post_init__(self):
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
@@ -73,6 +77,8 @@ class TrainConfig:
             ("eval_every", self.eval_every >= 1, "an integer >= 1"),
             ("checkpoint_every", self.checkpoint_every is None or self.checkpoint_every >= 1, "None or an integer >= 1"),
             ("log_checkpoints", self.log_checkpoints >= 0, "an integer >= 0"),
+            ("micro_batch_size", self.micro_batch_size is None or self.micro_batch_size >= 1, "None or an integer >= 1"),
+            ("precision", self.precision in PRECISIONS, f"one of {PRECISIONS}"),
             ("lr", all(x > 0 for x in self.per_member("lr")), "positive"),
             ("weight_decay", all(x >= 0 for x in self.per_member("weight_decay")), ">= 0"),
         ]
@@ -102,8 +108,8 @@ class TrainConfig:
 
 # ---------------------------------------------------------------- losses
 
-def per_member_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
-    """Mean cross-entropy of one member's batch. logits [B, T, V].
+def summed_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed cross-entropy, number of scored labels) of one member's batch. logits [B, T, V].
 
     Written with log_softmax + gather rather than F.cross_entropy, which has no
     batching rule under vmap and falls back to a slow decomposition.
@@ -113,28 +119,45 @@ def per_member_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> to
     keep = labels != IGNORE_INDEX
     logp = logits.float().log_softmax(-1)
     picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return -(picked * keep).sum() / keep.sum().clamp(min=1)
+    return -(picked * keep).sum(), keep.sum()
+
+
+def per_member_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
+    """Mean cross-entropy of one member's batch (over the scored labels)."""
+    total, count = summed_loss(logits, labels, kind)
+    return total / count.clamp(min=1)
+
+
+def scored_labels(labels: torch.Tensor) -> torch.Tensor:
+    """[K] number of labels the loss scores per member (labels [K, B] or [K, B, T])."""
+    return (labels != IGNORE_INDEX).flatten(1).sum(1)
 
 
 # ---------------------------------------------------------------- the ensemble
 
 class Ensemble:
-    """K models with identical architecture, parameters stacked on axis 0."""
+    """K models with identical architecture, parameters stacked on axis 0.
 
-    def __init__(self, cfg: ToyConfig, seeds: Sequence[int], init_fn: Callable | None = None,
+    `cfg` is any registered model config (`models.registry`): a ToyConfig, or another
+    model class the book trains with this loop.
+    """
+
+    def __init__(self, cfg, seeds: Sequence[int], init_fn: Callable | None = None,
                  device: str | torch.device = "cpu"):
         self.cfg, self.device = cfg, torch.device(device)
-        members = [ToyTransformer(cfg, seed=s) for s in seeds]
+        members = [cfg.build(seed=s) for s in seeds]
         if init_fn is not None:
             for m, s in zip(members, seeds):
                 init_fn(m, s)
-        self.base = ToyTransformer(cfg, seed=None).to("meta")  # structure only, for functional_call
+        self.base = cfg.build(seed=0).to("meta")  # structure only, for functional_call
         self.trainable = set(members[0].trainable_names())
         params, buffers = stack_module_state(members)
         self.params = {k: v.detach().to(self.device).requires_grad_(k in self.trainable) for k, v in params.items()}
         self.buffers = {k: v.to(self.device) for k, v in buffers.items()}
-        self._forward = vmap(self._member_forward, in_dims=(0, 0, 0))
-        self._forward_last = vmap(partial(self._member_forward, last_only=True), in_dims=(0, 0, 0))
+        # each member draws its own random numbers (dropout) under vmap
+        self._forward = vmap(self._member_forward, in_dims=(0, 0, 0), randomness="different")
+        self._forward_last = vmap(partial(self._member_forward, last_only=True), in_dims=(0, 0, 0),
+                                  randomness="different")
 
     @property
     def n_members(self) -> int:
@@ -143,10 +166,11 @@ class Ensemble:
     def _member_forward(self, params, buffers, tokens, last_only=False):
         return functional_call(self.base, (params, buffers), (tokens,), {"last_only": last_only})
 
-    def logits(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+    def logits(self, tokens: torch.Tensor, last_only: bool = False, training: bool = False) -> torch.Tensor:
         """tokens [B, T] (shared) or [K, B, T] (per member) -> logits [K, B, T, V].
 
         last_only: only the last position's logits ([K, B, 1, V]), at about half the cost.
+        training: run the modules in train mode (dropout on); evaluation runs in eval mode.
         The result is on the device of `tokens` (the ensemble may live on a GPU).
         """
         out_device = tokens.device
@@ -155,11 +179,12 @@ class Ensemble:
             tokens = tokens.expand(self.n_members, *tokens.shape)
         buffers = {k: v.expand(self.n_members, *v.shape[1:]) for k, v in self.buffers.items()}
         forward = self._forward_last if last_only else self._forward
+        self.base.train(training)
         return forward(self.params, buffers, tokens).to(out_device)
 
-    def member(self, k: int) -> ToyTransformer:
-        """An ordinary ToyTransformer holding member k's weights (a copy)."""
-        model = ToyTransformer(self.cfg, seed=None)
+    def member(self, k: int):
+        """An ordinary model (e.g. a ToyTransformer) holding member k's weights (a copy)."""
+        model = self.cfg.build(seed=0)
         model.load_state_dict({n: p[k].detach().clone() for n, p in self.params.items()}, strict=False)
         return model.eval()
 
@@ -285,7 +310,7 @@ class Run:
         self.dir = rundir
         self.path = rundir.path
         self.config = runs.read_json(rundir.file("config.json"))
-        self.model_config = ToyConfig.from_dict(self.config["model"])
+        self.model_config = config_from_dict(self.config["model"])
         self.train_config = TrainConfig(**self.config["train"])
         self.manifest = rundir.manifest()
 
@@ -316,14 +341,15 @@ class Run:
         tensors = runs.load_tensors(self.dir.file(rel), self.manifest["files"][rel]["sha256"])
         return {k[len("param."):]: v for k, v in tensors.items() if k.startswith("param.")}
 
-    def model(self, member: int = 0, step: int | None = None) -> ToyTransformer:
+    def model(self, member: int = 0, step: int | None = None):
+        """Member `member`'s model (a ToyTransformer or another registered class) at `step` (default: final)."""
         if not 0 <= member < self.n_members:
             raise ValueError(f"member={member} is out of range; this run has members 0..{self.n_members - 1}")
-        model = ToyTransformer(self.model_config, seed=None)
+        model = self.model_config.build(seed=0)
         model.load_state_dict({n: p[member] for n, p in self.state(step).items()}, strict=False)
         return model.eval()
 
-    def models(self, step: int | None = None) -> list[ToyTransformer]:
+    def models(self, step: int | None = None) -> list:
         return [self.model(k, step) for k in range(self.n_members)]
 
     def ensemble(self, step: int | None = None) -> Ensemble:
@@ -336,7 +362,7 @@ def _ckpt_rel(step: int) -> str:
     return f"ckpt/step_{step:08d}.safetensors"
 
 
-def train(name: str, model: ToyConfig, task, config: TrainConfig, *, evaluate: EvalFn | None = None,
+def train(name: str, model, task, config: TrainConfig, *, evaluate: EvalFn | None = None,
           store: runs.Store | None = None, init_fn: Callable | None = None,
           fork_from: tuple[Run, int] | None = None, progress: bool | None = None,
           device: str | None = None) -> Run:
@@ -366,7 +392,7 @@ def train(name: str, model: ToyConfig, task, config: TrainConfig, *, evaluate: E
                              f"({parent.checkpoint_steps()}) and below steps={config.steps}")
     full_config = {
         "name": name,
-        "model": model.to_dict(),
+        "model": config_to_dict(model),
         "train": {**asdict(config), "seeds": list(config.seeds)},
         "task": [fingerprint(t) for t in tasks] if isinstance(task, (list, tuple)) else fingerprint(task),
         "evaluate": fingerprint(evaluate),
@@ -466,6 +492,28 @@ class _Trainer:
         with open(self.metrics_path, "a") as f:
             f.write("".join(json.dumps(r) + "\n" for r in rows))
 
+    def _accumulate_gradients(self, tokens: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
+        """Backpropagate each member's mean loss over the whole batch; return the losses [K].
+
+        With `micro_batch_size` the batch is processed in slices whose summed losses are divided
+        by the whole batch's count of scored labels, so the accumulated gradient is the full
+        batch's (one optimizer step per batch, as without slicing), at a slice's memory.
+        """
+        tc = self.tc
+        size = tokens.shape[1]
+        step = tc.micro_batch_size or size
+        total = scored_labels(labels).clamp(min=1).to(torch.float32)
+        losses = torch.zeros_like(total)
+        autocast = torch.autocast(self.ens.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16")
+        for start in range(0, size, step):
+            with autocast:
+                logits = self.ens.logits(tokens[:, start:start + step], last_only=kind == "last", training=True)
+            summed, _ = vmap(partial(summed_loss, kind=kind))(logits, labels[:, start:start + step])
+            part = summed / total
+            part.sum().backward()
+            losses += part.detach()
+        return losses
+
     def run(self) -> None:
         self.dir.path.mkdir(parents=True, exist_ok=True)
         runs.atomic_write_json(self.dir.file("config.json"), self.full_config)
@@ -480,12 +528,9 @@ class _Trainer:
         t0 = time.time()
         while step < tc.steps:
             tokens, labels = self._batch(step)
-            logits = self.ens.logits(tokens, last_only=kind == "last")
-            losses = vmap(partial(per_member_loss, kind=kind))(logits, labels)
             self.opt.zero_grad()
-            losses.sum().backward()
+            self.last_loss = self._accumulate_gradients(tokens, labels, kind)
             self.opt.step()
-            self.last_loss = losses.detach()
             step += 1
             bar.update(1)
             if step % tc.eval_every == 0 or step == tc.steps:

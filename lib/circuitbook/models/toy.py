@@ -18,11 +18,14 @@ import torch.nn.functional as F
 from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from .registry import register_model
+
 POSITIONAL = ("learned", "relative", "none")
 NORMALIZATION = (None, "LN")
 ACT_FNS = ("relu", "gelu")
 
 
+@register_model
 @dataclass(frozen=True)
 class ToyConfig:
     d_vocab: int
@@ -103,6 +106,10 @@ class ToyConfig:
         if "frozen" in d:
             d["frozen"] = tuple(d["frozen"])
         return cls(**d)
+
+    def build(self, seed: int | None = 0) -> "ToyTransformer":
+        """The model this config describes, weights drawn from `seed` (None: uninitialised draw)."""
+        return ToyTransformer(self, seed=seed)
 
 
 class LayerNorm(nn.Module):
