@@ -125,6 +125,9 @@ def test_qk_factored_matrix_matches_weights():
     (dict(one_hot_embed=True), "one_hot_embed"),
     (dict(mlp=(True,)), "mlp"),
     (dict(n_layers=0), "n_layers"),
+    (dict(dropout=1.0), "dropout"),
+    (dict(dropout=-0.1), "dropout"),
+    (dict(normalization="post"), "normalization"),
 ])
 def test_bad_config_names_the_field(bad, field):
     base = dict(d_vocab=10, n_ctx=4, d_model=8, n_layers=2)
@@ -139,9 +142,109 @@ def test_config_round_trips_through_dict():
 
 
 @pytest.mark.parametrize("cfg", [AA, ToyConfig(d_vocab=12, n_ctx=8, d_model=12, n_layers=2, positional="relative",
-                                                merged_qk=True, one_hot_embed=True, normalization="LN", d_mlp=16)])
+                                                merged_qk=True, one_hot_embed=True, normalization="LN", d_mlp=16),
+                                 ToyConfig(d_vocab=12, n_ctx=8, d_model=12, n_layers=2, n_heads=2, d_mlp=16,
+                                           normalization="postLN", dropout=0.1)])
 def test_last_only_equals_the_last_position_of_the_full_forward(cfg):
-    m = ToyTransformer(cfg, seed=1)
+    m = ToyTransformer(cfg, seed=1).eval()  # eval: no dropout masks to differ
     x = tokens(cfg)
     assert torch.allclose(m(x, last_only=True)[:, -1], m(x)[:, -1], atol=1e-5)
     assert m(x, last_only=True).shape[1] == 1
+
+
+# ---------------------------------------------------------------- post-LN and dropout (the Markov paper's layer)
+POST = ToyConfig(d_vocab=4, n_ctx=7, d_model=16, n_layers=1, n_heads=4, d_mlp=32, normalization="postLN", dropout=0.1)
+
+
+def _torch_encoder_layer(block, cfg):
+    """PyTorch's default TransformerEncoderLayer holding a post-LN block's weights."""
+    d, h, e = cfg.d_model, cfg.n_heads, cfg.head_dim
+    layer = torch.nn.TransformerEncoderLayer(d, h, cfg.d_mlp, dropout=cfg.dropout, batch_first=True)
+    a = block.attn
+    with torch.no_grad():
+        # in_proj rows are (head, d_head) pairs: row h*e + j of the query part is W_Q[h, :, j]
+        layer.self_attn.in_proj_weight.copy_(torch.cat([W.permute(0, 2, 1).reshape(h * e, d)
+                                                        for W in (a.W_Q, a.W_K, a.W_V)]))
+        layer.self_attn.in_proj_bias.copy_(torch.cat([b.reshape(h * e) for b in (a.b_Q, a.b_K, a.b_V)]))
+        layer.self_attn.out_proj.weight.copy_(a.W_O.reshape(h * e, d).T)
+        layer.self_attn.out_proj.bias.copy_(a.b_O)
+        layer.linear1.weight.copy_(block.mlp.W_in.T)
+        layer.linear1.bias.copy_(block.mlp.b_in)
+        layer.linear2.weight.copy_(block.mlp.W_out.T)
+        layer.linear2.bias.copy_(block.mlp.b_out)
+        for ours, theirs in ((block.ln1, layer.norm1), (block.ln2, layer.norm2)):
+            theirs.weight.copy_(ours.w)
+            theirs.bias.copy_(ours.b)
+    return layer
+
+
+def _randomise(model, seed=5):
+    """Non-trivial biases and LayerNorm gains (at init they are 0 and 1, which would hide mistakes)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.rsplit(".", 1)[-1].startswith("W_"):
+                p.add_(0.3 * torch.randn(p.shape, generator=gen))
+
+
+def test_post_ln_block_is_pytorchs_default_encoder_layer_with_a_causal_mask():
+    m = ToyTransformer(POST, seed=2)
+    _randomise(m)
+    m.eval()
+    x = tokens(POST, batch=5)
+    logits, cache = m.run_with_cache(x)
+    layer = _torch_encoder_layer(m.blocks[0], POST).eval()
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(POST.n_ctx)
+    expected = layer(cache["blocks.0.hook_resid_pre"], src_mask=mask, is_causal=True)
+    assert torch.allclose(cache["blocks.0.hook_resid_post"], expected, atol=1e-5)
+    # then a linear readout, no final LayerNorm
+    assert "ln_final.w" not in dict(m.named_parameters())
+    assert torch.allclose(logits, expected @ m.W_U + m.unembed.b_U, atol=1e-5)
+    # the LayerNorm comes after each residual add: the output has zero mean, and unit variance times the gain
+    out = (cache["blocks.0.hook_resid_post"] - m.blocks[0].ln2.b) / m.blocks[0].ln2.w
+    assert torch.allclose(out.mean(-1), torch.zeros(5, POST.n_ctx), atol=1e-4)
+
+
+def test_dropout_acts_in_training_mode_only_and_zero_dropout_is_the_old_model():
+    x = tokens(POST, batch=8)
+    m = ToyTransformer(POST, seed=1)
+    plain = ToyTransformer(ToyConfig(**{**POST.to_dict(), "dropout": 0.0}), seed=1)
+    m.eval()
+    assert torch.equal(m(x), plain(x)), "in eval mode dropout must change nothing"
+    m.train()
+    torch.manual_seed(0)
+    a = m(x)
+    b = m(x)
+    assert not torch.allclose(a, b), "two training-mode passes draw different masks"
+    assert not torch.allclose(a, plain(x))
+    # the four dropout sites of PyTorch's layer: pattern, attention output, MLP hidden, MLP output
+    for site in ("blocks.0.attn.hook_pattern", "blocks.0.mlp.hook_post"):
+        assert site in m.hook_dict
+    # the default is no dropout: training mode then equals eval mode exactly
+    plain.train()
+    assert torch.equal(plain(x), plain.eval()(x))
+    assert ToyConfig(d_vocab=3, n_ctx=2, d_model=4).dropout == 0.0
+
+
+def test_each_ensemble_member_draws_its_own_dropout_mask_under_vmap():
+    from torch.func import functional_call, stack_module_state, vmap
+
+    members = [ToyTransformer(POST, seed=3) for _ in range(2)]  # identical weights
+    params, buffers = stack_module_state(members)
+    base = ToyTransformer(POST, seed=None).to("meta")
+    x = tokens(POST, batch=4).expand(2, -1, -1)
+
+    def forward(p, b, t):
+        return functional_call(base, (p, b), (t,))
+
+    base.train()
+    torch.manual_seed(0)
+    out = vmap(forward, randomness="different")(params, buffers, x)
+    assert not torch.allclose(out[0], out[1]), "identical members must get different masks"
+    out = vmap(forward, randomness="same")(params, buffers, x)
+    assert torch.equal(out[0], out[1])
+    with pytest.raises(RuntimeError):  # the default vmap refuses random ops: train.py must say which
+        vmap(forward)(params, buffers, x)
+    base.eval()
+    out = vmap(forward)(params, buffers, x)
+    assert torch.allclose(out[0], members[0].eval()(x[0]), atol=1e-5) and torch.equal(out[0], out[1])

@@ -21,7 +21,7 @@ from transformer_lens.hook_points import HookPoint
 from .registry import register_model
 
 POSITIONAL = ("learned", "relative", "none")
-NORMALIZATION = (None, "LN")
+NORMALIZATION = (None, "LN", "postLN")
 ACT_FNS = ("relu", "gelu")
 
 
@@ -39,7 +39,7 @@ class ToyConfig:
     d_vocab_out: int | None = None  # default d_vocab
     act_fn: str = "relu"
     bias: bool = True
-    normalization: str | None = None  # "LN" (pre-norm + final LN) or None
+    normalization: str | None = None  # "LN" (pre-norm + final LN), "postLN" (LN after each residual add) or None
     positional: str = "learned"  # learned absolute, relative bias per head, or none
     one_hot_embed: bool = False  # W_E = identity (frozen); needs d_model == d_vocab
     merged_qk: bool = False  # one W_QK [n_heads, d_model, d_model] per layer
@@ -47,6 +47,7 @@ class ToyConfig:
     attn_scale: float | None = None  # default sqrt(d_head)
     init_std: float | None = None  # default 1 / sqrt(d_model); 0 = all-zero init
     layer_norm_eps: float = 1e-5
+    dropout: float = 0.0  # in training mode only: attention pattern, attention out, MLP hidden, MLP out
 
     def __post_init__(self):
         def check(ok, name, allowed):
@@ -59,6 +60,7 @@ class ToyConfig:
         check(self.normalization in NORMALIZATION, "normalization", f"one of {NORMALIZATION}")
         check(self.act_fn in ACT_FNS, "act_fn", f"one of {ACT_FNS}")
         check(self.d_mlp >= 0, "d_mlp", "an integer >= 0")
+        check(isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1, "dropout", "a number in [0, 1)")
         check(self.d_head is None or self.d_head >= 1, "d_head", "None or an integer >= 1")
         check(not self.one_hot_embed or self.d_model == self.d_vocab, "one_hot_embed",
               f"False unless d_model == d_vocab ({self.d_model} != {self.d_vocab})")
@@ -207,7 +209,7 @@ class Attention(nn.Module):
         if cfg.positional == "relative":
             scores = scores + self.P[:, self.offsets[rows, :n]]
         scores = self.hook_attn_scores(scores.masked_fill(~self.mask[rows, :n], float("-inf")))
-        pattern = self.hook_pattern(scores.softmax(-1))
+        pattern = _dropout(self.hook_pattern(scores.softmax(-1)), cfg.dropout, self.training)
         z = self.hook_z((pattern @ v.transpose(1, 2)).transpose(1, 2))  # [batch, query, head, d_head]
         return _linear(z.flatten(-2), self.W_O.flatten(0, 1), self.b_O if cfg.bias else None)  # all heads at once
 
@@ -227,19 +229,34 @@ class MLP(nn.Module):
         bias = self.cfg.bias
         pre = self.hook_pre(_linear(x, self.W_in, self.b_in if bias else None))
         act = F.relu if self.cfg.act_fn == "relu" else F.gelu
-        return _linear(self.hook_post(act(pre)), self.W_out, self.b_out if bias else None)
+        hidden = _dropout(self.hook_post(act(pre)), self.cfg.dropout, self.training)
+        return _linear(hidden, self.W_out, self.b_out if bias else None)
+
+
+def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """F.dropout in training mode when p > 0, else x itself (no op, so default models run as before).
+
+    Under the ensemble's vmap(randomness="different") every member draws its own mask.
+    """
+    return F.dropout(x, p, training=True) if p > 0 and training else x
 
 
 class Block(nn.Module):
+    """Pre-LN (`normalization="LN"`): x + attn(ln1(x)), then + mlp(ln2(.)).
+    Post-LN (`"postLN"`, PyTorch's default TransformerEncoderLayer): ln1(x + attn(x)), then ln2(. + mlp(.)).
+    """
+
     def __init__(self, cfg: ToyConfig, layer: int):
         super().__init__()
+        self.cfg = cfg
         self.has_mlp = cfg.has_mlp(layer)
         self.has_ln = cfg.normalization == "LN"
-        if self.has_ln:
+        self.post_ln = cfg.normalization == "postLN"
+        if self.has_ln or self.post_ln:
             self.ln1 = LayerNorm(cfg)
         self.attn = Attention(cfg)
         if self.has_mlp:
-            if self.has_ln:
+            if self.has_ln or self.post_ln:
                 self.ln2 = LayerNorm(cfg)
             self.mlp = MLP(cfg)
             self.hook_resid_mid = HookPoint()
@@ -249,12 +266,18 @@ class Block(nn.Module):
         self.hook_resid_post = HookPoint()
 
     def forward(self, resid, last_only: bool = False):
+        p, training = self.cfg.dropout, self.training
         resid = self.hook_resid_pre(resid)
-        attn_out = self.hook_attn_out(self.attn(self.ln1(resid) if self.has_ln else resid, last_only))
+        attn_out = self.hook_attn_out(_dropout(self.attn(self.ln1(resid) if self.has_ln else resid, last_only),
+                                               p, training))
         resid = (resid[:, -1:] if last_only else resid) + attn_out
+        if self.post_ln:
+            resid = self.ln1(resid)
         if self.has_mlp:
             resid = self.hook_resid_mid(resid)
-            resid = resid + self.hook_mlp_out(self.mlp(self.ln2(resid) if self.has_ln else resid))
+            resid = resid + self.hook_mlp_out(_dropout(self.mlp(self.ln2(resid) if self.has_ln else resid), p, training))
+            if self.post_ln:
+                resid = self.ln2(resid)
         return self.hook_resid_post(resid)
 
 
