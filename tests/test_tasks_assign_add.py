@@ -4,6 +4,7 @@ Sequences are checked with `read`, a plain-Python parser written from the spec's
 token table, so the library's own `parse` is not trusted to grade itself.
 """
 import json
+import random
 from collections import Counter
 
 import pytest
@@ -76,8 +77,8 @@ def is_training_position(p):
         return p["left"] not in NOT_LEFT
     if p["type"] == "right":
         return p["right"] not in NOT_RIGHT
-    if p["type"] == "two":
-        return p["left"] not in NOT_LEFT | NOT_RIGHT and p["right"] not in NOT_RIGHT
+    if p["type"] == "two":  # operand by operand, as in 1-var
+        return p["left"] not in NOT_LEFT and p["right"] not in NOT_RIGHT
     return True
 
 
@@ -105,6 +106,83 @@ def test_training_rows_are_the_training_part_of_the_universe(task):
     assert len(universe) == 167_088
     assert int(task.is_training_row(*universe.T).sum()) == 102_312
     assert bool(task.is_training_row(*rows.T).all())
+
+
+def test_default_split_is_the_authors_python_sample(task, train_pairs):
+    # PAPERS.md: random.Random(42).sample(pairs, 2436) over the lexicographic list of the 3,481 pairs
+    pairs = [(a, b) for a in range(N) for b in range(N)]
+    assert train_pairs == set(random.Random(42).sample(pairs, 2436))
+    assert task.pair_split == "authors"
+    book = AssignAddTask(pair_split="book")
+    assert len(book.train_pairs) == 2436 and not torch.equal(book.train_pairs, task.train_pairs)
+    assert book.n_training_rows() == 102_312
+
+
+def test_two_var_training_uses_the_92_ordered_pairs_operand_by_operand(task, training_sample):
+    allowed = {(x, y) for x in set(LETTERS) - NOT_LEFT for y in set(LETTERS) - NOT_RIGHT if x != y}
+    assert len(allowed) == 92
+    assert {(LETTERS[x], LETTERS[y]) for x, y in task._combos["train"].tolist()} == allowed
+    seen = Counter((p["left"], p["right"]) for b in training_sample for p in read_batch(b) if p["type"] == "two")
+    assert set(seen) == allowed  # every pair occurs, a and b included on the left
+    # the row's variable is the right operand (uniform over c..l), the left is uniform among its partners:
+    # P(x, y) = 1/10 * 1/9 for y in c..j and 1/10 * 1/10 for y in k, l
+    q = task._training_queries(200_000, torch.Generator().manual_seed(0), (3,))
+    pair_share = Counter(zip(q.left_var.tolist(), q.right_var.tolist()))
+    assert pair_share[0, 2] / 200_000 == pytest.approx(1 / 90, rel=0.08)  # (a, c)
+    assert pair_share[0, 10] / 200_000 == pytest.approx(1 / 100, rel=0.08)  # (a, k)
+    assert sum(pair_share[x, y] for x in range(10) for y in (10, 11)) / 200_000 == pytest.approx(0.2, abs=0.005)
+    assert len(task._combos["one"]) == 36 and len(task._combos["two"]) == 4
+    assert {(LETTERS[x], LETTERS[y]) for x, y in task._combos["two"].tolist()} == {
+        (x, y) for x in NOT_LEFT for y in NOT_RIGHT}
+
+
+def test_pair_split_file(tmp_path, task):
+    pairs = [(int(p) // N, int(p) % N) for p in task.train_pairs]
+    text = tmp_path / "pairs.txt"
+    text.write_text("# the authors' pairs\n" + "\n".join(f"{a} {b}" if i % 2 else f"{a},{b}"
+                                                       for i, (a, b) in enumerate(pairs)) + "\n\n")
+    from_text = AssignAddTask(train_fraction=None, pair_split=text)
+    assert torch.equal(from_text.train_pairs, task.train_pairs) and from_text.train_fraction == pytest.approx(2436 / 3481)
+    assert from_text.n_training_rows() == 102_312
+    assert from_text.spec()["train_pairs"] == task.spec()["train_pairs"]
+    assert torch.equal(AssignAddTask(train_fraction=0.7, pair_split=text).train_pairs, task.train_pairs)
+    js = tmp_path / "pairs.json"
+    js.write_text(json.dumps([[0, 1], [2, 3]]))
+    assert AssignAddTask(train_fraction=None, pair_split=js).train_pairs.tolist() == [1, 2 * N + 3]
+    assert AssignAddTask(pair_split="book").spec() != task.spec()
+
+
+@pytest.mark.parametrize("content, message", [
+    ("1 2\n3\n", "line 2: expected two integers"),
+    ("1 2\n1 59\n", r"line 2: expected two integers n1 n2 in \[0, 58\]"),
+    ("1 2\n-1 3\n", "line 2"),
+    ("1 2\n1.5 3\n", "line 2"),
+    ("4 5\n4,5\n", r"line 2: pair \(4, 5\) is listed twice"),
+    ("# nothing\n", "lists no pairs"),
+])
+def test_bad_pair_files_name_the_file_and_line(tmp_path, content, message):
+    path = tmp_path / "pairs.txt"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message) as err:
+        AssignAddTask(train_fraction=None, pair_split=path)
+    assert "pairs.txt" in str(err.value)
+
+
+def test_bad_pair_split_values(tmp_path):
+    with pytest.raises(ValueError, match="pair_split 'authros' is neither one of"):
+        AssignAddTask(pair_split="authros")
+    path = tmp_path / "pairs.json"
+    path.write_text('[[0, 1], [2, 3.5]]')
+    with pytest.raises(ValueError, match="item 1"):
+        AssignAddTask(train_fraction=None, pair_split=path)
+    path.write_text('{"a": 1}')
+    with pytest.raises(ValueError, match="JSON list"):
+        AssignAddTask(train_fraction=None, pair_split=path)
+    path.write_text('[[0, 1]]')
+    with pytest.raises(ValueError, match="lists 1 training pairs, but train_fraction=0.7 asks for 2436"):
+        AssignAddTask(pair_split=path)
+    with pytest.raises(ValueError, match="train_fraction"):
+        AssignAddTask(train_fraction=None)
 
 
 def test_pair_split_is_seeded_and_truncates(task):
@@ -162,7 +240,7 @@ def test_all_types_occur_in_natural_shares(training_sample):
     # Every variable shows up in every slot training allows.
     assert {p["left"] for p in parsed if p["type"] == "left"} == set(LETTERS) - NOT_LEFT
     assert {p["right"] for p in parsed if p["type"] == "right"} == set(LETTERS) - NOT_RIGHT
-    assert {p["left"] for p in parsed if p["type"] == "two"} == set("cdefghij")
+    assert {p["left"] for p in parsed if p["type"] == "two"} == set("abcdefghij")
     assert {p["right"] for p in parsed if p["type"] == "two"} == set("cdefghijkl")
 
 
@@ -240,7 +318,7 @@ def test_pools_have_their_properties(task, train_pairs):
     assert {p["right"] for p in one if p["type"] == "right"} == NOT_RIGHT
 
     def restricted_operands(p):
-        return (p["left"] in NOT_LEFT | NOT_RIGHT) + (p["right"] in NOT_RIGHT)
+        return (p["left"] in NOT_LEFT) + (p["right"] in NOT_RIGHT)
 
     assert {restricted_operands(p) for p in read_pool["two_var_var_restricted_one"]} == {1}
     assert {restricted_operands(p) for p in read_pool["two_var_var_restricted_two"]} == {2}

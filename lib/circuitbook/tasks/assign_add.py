@@ -31,13 +31,21 @@ two operands: 12 x 4 x 59 x 59 = 167,088 rows. Two rules hold data out:
 * held-out pairs: floor(f * 3481) of the (n1, n2) pairs are training pairs
   (2,436 at f = 0.7; 0.7 * 3481 = 2436.7, so the authors truncate - rounding
   would give 2,437); a row whose pair is not a training pair is held out in
-  every type;
+  every type. Which pairs (`pair_split`): "authors" is the authors' split,
+  Python's `random.Random(split_seed).sample(pairs, n_train)` over the
+  lexicographic list `[(a, b) for a in range(N) for b in range(N)]` (at
+  split_seed 42 and f = 0.7 exactly the pairs their released checkpoints were
+  trained on); "book" is this library's first split, a seeded torch
+  permutation cut at n_train; a file lists the training pairs themselves (one
+  `n1 n2` or `n1,n2` per line, or a JSON list of [n1, n2]), so an external
+  checkpoint is evaluated on its own held-out pairs;
 * held-out positions: `a`, `b` are never the right operand in training, `k`,
-  `l` never the left operand, and 2-var training rows never use a
-  right-restricted variable (`a`, `b`) at all.
+  `l` never the left operand, in 1-var and 2-var rows alike, operand by
+  operand: a 2-var training query `+ x y =` has x in a..j, y in c..l and
+  x != y, 10 x 10 - 8 = 92 ordered variable pairs.
 
 102,312 = 2,436 x 42, so each training pair carries 42 of the 48 (variable,
-type) combinations. The reading that gives exactly 42:
+type) combinations:
 
 * 0-var: the row's variable is a distractor that the prefix is guaranteed to
   assign. It is never an operand, so no position rule removes it: 12 rows.
@@ -46,19 +54,16 @@ type) combinations. The reading that gives exactly 42:
   way - so this only weights 0-var by 12 in the mix.)
 * 1-var-left: the variable is the left operand; `k`, `l` are removed: 10.
 * 1-var-right: the variable is the right operand; `a`, `b` are removed: 10.
-* 2-var: the variable is the RIGHT operand y; `a`, `b` are removed: 10. The
-  left operand x is drawn afresh for every sequence among the variables a
-  2-var training sequence may put on the left: not `k`, `l` (held-out left
-  position), not `a`, `b` (right-restricted, absent from 2-var training), not
-  y: that is `c`..`j` minus y.
+* 2-var: the variable is the right operand y; `a`, `b` are removed: 10. The
+  left operand x is drawn afresh for every sequence, uniformly among the
+  variables allowed on the left (a..j) other than y: 9 choices for y in c..j,
+  10 for y in {k, l}. Every one of the 92 ordered pairs occurs, each with
+  probability 1/90 or 1/100 (the paper does not say how the second operand
+  is drawn; reading the row's variable as the left operand also counts 10
+  and gives the mirror-image weights).
 
-12 + 10 + 10 + 10 = 42. Readings that miss: the 2-var variable taken as the
-left operand loses `a`, `b`, `k`, `l` (8 -> 2,436 x 40 = 97,440); counting
-0-var once per pair gives 2,436 x 31 = 75,516; counting 2-var by (x, y)
-gives 72 per pair. (The mirror reading - "right-restricted" meaning `k`, `l`,
-the 2-var variable being the left operand - also counts 42; we read
-"right-restricted" as "held out of the right position", the way
-"add-restricted" and "var-restricted" name what is held out.)
+12 + 10 + 10 + 10 = 42. Readings that miss: counting 0-var once per pair gives
+2,436 x 31 = 75,516; counting 2-var by (x, y) gives 2,436 x 124 = 302,064.
 
 Training distribution: each step draws rows uniformly from the 102,312
 training rows (type shares 12:10:10:10 out of 42), with a fresh distractor,
@@ -83,8 +88,9 @@ two 1-var types are pooled (half left, half right). That makes nine:
     two_var_var_restricted_one 2-var, training pairs, exactly one operand restricted
     two_var_var_restricted_two 2-var, training pairs, both operands restricted
 
-A 2-var operand is "restricted" when 2-var training never puts it in its slot:
-left in {a, b, k, l}, right in {a, b}. Each var-restricted pool uses training
+A 2-var operand is "restricted" when it sits at a held-out position: `k`/`l`
+on the left or `a`/`b` on the right ("one": exactly one operand, 36 ordered
+pairs; "two": both, 4 pairs). Each var-restricted pool uses training
 pairs and each add-restricted pool training positions, so every pool tests one
 kind of novelty. The train pools follow the training distribution of their
 type(s). `heldout_zero_var` is the exact evaluation: every held-out pair once
@@ -92,7 +98,12 @@ as a 0-var sequence.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import random
+import re
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -110,9 +121,10 @@ TYPE_NAMES = ("zero_var", "one_var_left", "one_var_right", "two_var")
 
 NOT_RIGHT = (0, 1)  # a, b: never the right operand in training ("right-restricted")
 NOT_LEFT = (10, 11)  # k, l: never the left operand in training
-# Variables allowed in each operand slot of a 2-var training sequence.
-TWO_VAR_LEFT = tuple(v for v in range(N_VARS) if v not in NOT_LEFT + NOT_RIGHT)  # c..j
+# Variables allowed in each operand slot of a training query (1-var and 2-var alike).
+TWO_VAR_LEFT = tuple(v for v in range(N_VARS) if v not in NOT_LEFT)  # a..j
 TWO_VAR_RIGHT = tuple(v for v in range(N_VARS) if v not in NOT_RIGHT)  # c..l
+PAIR_SPLITS = ("authors", "book")  # or the path of a file of training pairs
 
 POOL_NAMES = (
     "zero_var_train",
@@ -126,7 +138,7 @@ POOL_NAMES = (
     "two_var_var_restricted_two",
 )
 PAD_LAYOUTS = ("random", "left", "right")
-SPEC_VERSION = 1  # bump when the meaning of the generated data changes
+SPEC_VERSION = 2  # bump when the meaning of the generated data changes
 
 
 class Queries(NamedTuple):
@@ -177,10 +189,57 @@ def _var_ids(v) -> torch.Tensor:
 
 
 def _two_var_combos(kind: str) -> torch.Tensor:
-    """All (x, y), x != y, with 0, 1 or 2 operands outside the 2-var training slots."""
+    """All (x, y), x != y, with 0 ("train", 92 pairs), 1 ("one", 36) or 2 ("two", 4) operands at a
+    held-out position (`k`/`l` left, `a`/`b` right)."""
     restricted = {"train": 0, "one": 1, "two": 2}[kind]
     return torch.tensor([(x, y) for x in range(N_VARS) for y in range(N_VARS)
                          if x != y and (x not in TWO_VAR_LEFT) + (y not in TWO_VAR_RIGHT) == restricted])
+
+
+def authors_split(modulus: int, n_train: int, seed: int = 42) -> torch.Tensor:
+    """The authors' pair split: `random.Random(seed).sample(pairs, n_train)` over the lexicographic
+    list of pairs `[(a, b) for a in range(N) for b in range(N)]`, as sorted pair ids n1 * N + n2."""
+    pairs = [(a, b) for a in range(modulus) for b in range(modulus)]
+    chosen = random.Random(seed).sample(pairs, n_train)
+    return torch.tensor(sorted(a * modulus + b for a, b in chosen), dtype=torch.long)
+
+
+def read_pair_file(path, modulus: int) -> torch.Tensor:
+    """Training pairs from a file, as sorted pair ids n1 * N + n2.
+
+    Text: one pair per line, `n1 n2` or `n1,n2` (blank lines and `#` comments are skipped); or a
+    `.json` file holding a list of [n1, n2]. Every number must be in [0, N-1], no pair may repeat,
+    and at least one pair is needed. Errors name the file and the line.
+    """
+    path = Path(path).expanduser()
+    _require(path.is_file(), f"pair_split {str(path)!r} is neither one of {PAIR_SPLITS} nor a file of training pairs")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"pair_split file {str(path)!r} is not valid JSON: {e}") from None
+        _require(isinstance(data, list), f"pair_split file {str(path)!r} must hold a JSON list of [n1, n2] pairs")
+        rows = [(f"item {i}", item) for i, item in enumerate(data)]
+    else:
+        rows = []
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            line = line.split("#", 1)[0].strip()
+            if line:
+                rows.append((f"line {i}", [x for x in re.split(r"[\s,]+", line) if x]))
+    ids, seen = [], set()
+    for where, item in rows:
+        numbers = [int(x) if _is_int(x) or (isinstance(x, str) and x.isdigit()) else None
+                   for x in (item if isinstance(item, (list, tuple)) else [item])]
+        ok = len(numbers) == 2 and None not in numbers
+        a, b = numbers if ok else (-1, -1)
+        _require(ok and 0 <= a < modulus and 0 <= b < modulus,
+                 f"pair_split file {str(path)!r}, {where}: expected two integers n1 n2 in [0, {modulus - 1}], "
+                 f"got {item!r}")
+        _require((a, b) not in seen, f"pair_split file {str(path)!r}, {where}: pair ({a}, {b}) is listed twice")
+        seen.add((a, b))
+        ids.append(a * modulus + b)
+    _require(len(ids) >= 1, f"pair_split file {str(path)!r} lists no pairs")
+    return torch.tensor(sorted(ids), dtype=torch.long)
 
 
 class AssignAddTask:
@@ -189,33 +248,49 @@ class AssignAddTask:
     seq_len = SEQ_LEN
     loss = "last"
 
-    def __init__(self, train_fraction: float = 0.7, two_var_ratio: float | None = None,
-                 split_seed: int = 42, modulus: int = 59):
+    def __init__(self, train_fraction: float | None = 0.7, two_var_ratio: float | None = None,
+                 split_seed: int = 42, modulus: int = 59, pair_split: str | Path = "authors"):
         _require(_is_int(modulus) and 2 <= modulus <= 1000, f"modulus must be an integer in [2, 1000], got {modulus!r}")
         n_pairs = modulus * modulus
-        _require(isinstance(train_fraction, (int, float)) and not isinstance(train_fraction, bool)
-                 and 0 < train_fraction <= 1,
-                 f"train_fraction must be in (0, 1], got {train_fraction!r}")
-        n_train = math.floor(train_fraction * n_pairs)
-        _require(n_train >= 1, f"train_fraction must be in [1/{n_pairs}, 1] so that at least one pair "
-                               f"trains, got {train_fraction!r}")
+        _require(train_fraction is None or (isinstance(train_fraction, (int, float))
+                                            and not isinstance(train_fraction, bool) and 0 < train_fraction <= 1),
+                 f"train_fraction must be in (0, 1] (or None with a pair_split file), got {train_fraction!r}")
         _require(two_var_ratio is None or (isinstance(two_var_ratio, (int, float))
                                            and not isinstance(two_var_ratio, bool)
                                            and math.isfinite(two_var_ratio) and two_var_ratio >= 0),
                  f"two_var_ratio must be None (natural) or a finite number >= 0, got {two_var_ratio!r}")
         _require(_is_int(split_seed) and split_seed >= 0, f"split_seed must be an integer >= 0, got {split_seed!r}")
+        _require(isinstance(pair_split, (str, Path)) and str(pair_split) != "",
+                 f"pair_split must be one of {PAIR_SPLITS} or the path of a file of training pairs, "
+                 f"got {pair_split!r}")
 
-        self.train_fraction, self.two_var_ratio, self.split_seed = float(train_fraction), two_var_ratio, split_seed
         self.modulus = self.n_outputs = modulus
         self.PLUS, self.EQ, self.PAD, self.VAR0 = modulus, modulus + 1, modulus + 2, modulus + 3
         self.vocab_size = self.VAR0 + N_VARS
-
-        # Pairs are ids n1 * N + n2; the split is a seeded permutation cut at floor(f * N^2).
-        order = torch.randperm(n_pairs, generator=_generator("pairs", split_seed))
-        self.train_pairs = order[:n_train].sort().values
-        self.heldout_pairs = order[n_train:].sort().values
+        # Pairs are ids n1 * N + n2.
+        if str(pair_split) in PAIR_SPLITS:
+            _require(train_fraction is not None, f"train_fraction must be in (0, 1] with pair_split={pair_split!r}")
+            n_train = math.floor(train_fraction * n_pairs)
+            _require(n_train >= 1, f"train_fraction must be in [1/{n_pairs}, 1] so that at least one pair "
+                                   f"trains, got {train_fraction!r}")
+            train = (authors_split(modulus, n_train, split_seed) if pair_split == "authors"
+                     else torch.randperm(n_pairs, generator=_generator("pairs", split_seed))[:n_train])
+            self.pair_split = str(pair_split)
+        else:
+            train = read_pair_file(pair_split, modulus)
+            if train_fraction is not None:
+                _require(math.floor(train_fraction * n_pairs) == len(train),
+                         f"pair_split file {str(pair_split)!r} lists {len(train)} training pairs, but "
+                         f"train_fraction={train_fraction!r} asks for {math.floor(train_fraction * n_pairs)}; "
+                         f"pass train_fraction=None to take the file's split as it is")
+            self.pair_split = str(Path(pair_split).expanduser())
         self.is_train_pair = torch.zeros(n_pairs, dtype=torch.bool)
-        self.is_train_pair[self.train_pairs] = True
+        self.is_train_pair[train] = True
+        self.train_pairs = self.is_train_pair.nonzero()[:, 0]
+        self.heldout_pairs = (~self.is_train_pair).nonzero()[:, 0]
+        n_train = len(self.train_pairs)
+        self.train_fraction = float(train_fraction) if train_fraction is not None else n_train / n_pairs
+        self.two_var_ratio, self.split_seed = two_var_ratio, split_seed
 
         # The row variables each type allows in training (see the module docstring).
         row_vars = [range(N_VARS),
@@ -314,9 +389,12 @@ class AssignAddTask:
 
     def spec(self) -> dict:
         """Everything that defines the generated data (JSON-serialisable; for run keys)."""
+        split = self.pair_split if self.pair_split in PAIR_SPLITS else "file"  # a file is known by its pairs
         return {"task": "assign_add", "version": SPEC_VERSION, "modulus": self.modulus,
                 "train_fraction": self.train_fraction, "two_var_ratio": self.two_var_ratio,
-                "split_seed": self.split_seed, "n_vars": N_VARS, "seq_len": SEQ_LEN,
+                "split_seed": self.split_seed, "pair_split": split,
+                "train_pairs": hashlib.sha256(self.train_pairs.numpy().tobytes()).hexdigest()[:16],
+                "n_vars": N_VARS, "seq_len": SEQ_LEN,
                 "max_assignments": MAX_ASSIGNMENTS, "not_left": [VAR_NAMES[v] for v in NOT_LEFT],
                 "not_right": [VAR_NAMES[v] for v in NOT_RIGHT]}
 
