@@ -1,0 +1,201 @@
+"""Leading gradient terms of an attention-only one-hot transformer (Im, Oh, Fang, Li 2026).
+
+From a batch of N sequences (inputs X_i, one-hot [T, |V|]; next tokens Y_i, one-hot [T, |V|])
+these are the corpus statistics of the paper's Theorem D.7, with the conventions that make the
+first steps exact (the loss is the mean cross-entropy over all N*T positions, U_O = 1/|V| is the
+uniform output distribution, A_0 the uniform causal attention: a_t[j] = 1/(t+1) for j <= t):
+
+    B       = (1/NT) sum_i X_i^T (Y_i - U_O)                     bigram map      (context, output)
+    Sigma_B = B^T B                                              interchangeability (output, output)
+    Phi     = (1/NT) sum_i (Y_i - U_O)^T A_0 X_i                 context map     (output, context)
+    Q       = (1/NT) sum_i X_i^T Q_i X_i                         attention feature (query, key)
+              Q_i[t, j] = sum_k J_t[j, k] M_i[t, k],  M_i = (Y_i - U_O) Sigma_B Phi X_i^T,
+              J_t = Diag(a_t) - a_t a_t^T
+    q_pos   = (1/NT) sum_i sum_t Q_i[t, t - k]                   positional feature (offset k)
+
+After s plain-SGD steps of size eta from zero (Theorem D.7's leading terms):
+
+    W_O ~ s eta B,   V ~ C(s,2) eta^2 Phi^T B^T,   W ~ (3 C(s,4) + 2 C(s,3)) eta^4 Q,
+    P ~ (3 C(s,4) + 2 C(s,3)) eta^4 q_pos          (every layer alike at this order).
+
+Sign convention: the paper's loss gradient at zero is dL/dW_O = -B, so one SGD step gives
+W_O = +eta B exactly; V and W are applied as h V and h W h^T. Everything here is computed with
+index arithmetic on token ids (no [N, T, |V|] one-hot tensor), in float64 by default.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+WEIGHT_KINDS = ("W_O", "V", "W", "P")
+
+
+@dataclass
+class LeadingStats:
+    """The basis maps of one batch (float64 by default)."""
+
+    B: torch.Tensor  # [V, V] (context token, output token)
+    Sigma_B: torch.Tensor  # [V, V]
+    Phi: torch.Tensor  # [V, V] (output token, context token)
+    Q: torch.Tensor | None  # [V, V] (query token, key token)
+    q_pos: torch.Tensor | None  # [T] by offset k = t - j
+    n_positions: int  # N * T
+
+    @property
+    def vocab_size(self) -> int:
+        return self.B.shape[0]
+
+    def value_term(self) -> torch.Tensor:
+        """Phi^T B^T, the direction of every layer's V."""
+        return self.Phi.T @ self.B.T
+
+    def direction(self, kind: str) -> torch.Tensor:
+        """The leading-term direction of a weight kind: W_O, V, W or P."""
+        if kind not in WEIGHT_KINDS:
+            raise ValueError(f"kind={kind!r} is not allowed; expected one of {WEIGHT_KINDS}")
+        if kind in ("W", "P") and self.Q is None:
+            raise ValueError("these stats were computed without the attention feature (attention=False)")
+        return {"W_O": lambda: self.B, "V": self.value_term, "W": lambda: self.Q, "P": lambda: self.q_pos}[kind]()
+
+
+def _check_batch(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> None:
+    if inputs.dim() != 2 or inputs.shape != targets.shape:
+        raise ValueError(f"inputs and targets must both be [N, T] token ids; got {tuple(inputs.shape)} and "
+                         f"{tuple(targets.shape)}")
+    for name, t in (("inputs", inputs), ("targets", targets)):
+        if t.dtype not in (torch.int64, torch.int32) or t.min() < 0 or t.max() >= vocab_size:
+            raise ValueError(f"{name} must be integer token ids in [0, {vocab_size}); got dtype {t.dtype}, "
+                             f"range [{int(t.min())}, {int(t.max())}]")
+
+
+def _pair_counts(rows: torch.Tensor, cols: torch.Tensor, weights: torch.Tensor, V: int) -> torch.Tensor:
+    """sum over entries of weights at (rows, cols): a [V, V] matrix."""
+    flat = (rows.reshape(-1) * V + cols.reshape(-1))
+    return torch.bincount(flat, weights=weights.reshape(-1), minlength=V * V).reshape(V, V)
+
+
+def bigram_map(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int, dtype=torch.float64) -> torch.Tensor:
+    """B = (1/NT) sum_i X_i^T (Y_i - 1/|V|): B[j, k] = P(j) P(k | j) - P(j)/|V|."""
+    _check_batch(inputs, targets, vocab_size)
+    V, NT = vocab_size, inputs.numel()
+    counts = _pair_counts(inputs, targets, torch.ones(NT, dtype=dtype), V)
+    p_context = torch.bincount(inputs.reshape(-1), minlength=V).to(dtype)
+    return (counts - p_context[:, None] / V) / NT
+
+
+def _uniform_attention_weights(T: int, dtype) -> torch.Tensor:
+    """a[t, j] = 1/(t+1) for j <= t, else 0: the uniform causal attention A_0."""
+    a = torch.tril(torch.ones(T, T, dtype=dtype))
+    return a / a.sum(-1, keepdim=True)
+
+
+def context_map(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int, dtype=torch.float64,
+                chunk: int = 256) -> torch.Tensor:
+    """Phi = (1/NT) sum_i (Y_i - U_O)^T A_0 X_i, laid out (output token, context token)."""
+    _check_batch(inputs, targets, vocab_size)
+    N, T = inputs.shape
+    V = vocab_size
+    A0 = _uniform_attention_weights(T, dtype)
+    total = torch.zeros(V, V, dtype=dtype)
+    context_mass = torch.zeros(V, dtype=dtype)  # sum_i sum_t (A_0 X_i)[t, c]
+    for s in range(0, N, chunk):
+        x, y = inputs[s:s + chunk], targets[s:s + chunk]
+        n = len(x)
+        w = A0.expand(n, T, T)
+        rows = y[:, :, None].expand(n, T, T)  # output token at t
+        cols = x[:, None, :].expand(n, T, T)  # context token at j
+        total += _pair_counts(rows, cols, w, V)
+        context_mass += torch.bincount(cols.reshape(-1), weights=w.reshape(-1), minlength=V)
+    return (total - context_mass[None, :] / V) / (N * T)
+
+
+def attention_feature(inputs: torch.Tensor, targets: torch.Tensor, B: torch.Tensor, Phi: torch.Tensor,
+                      chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Q, q_pos): the leading term of every layer's W and of its positional bias P.
+
+    M_i[t, k] = R[y_t, x_k] - mean_a R[a, x_k] with R = Sigma_B Phi (the (Y_i - U_O) rows picked
+    by index); Q_i[t, j] = a_t[j] (M_i[t, j] - sum_k a_t[k] M_i[t, k]) for j <= t, which is
+    sum_k J_t[j, k] M_i[t, k] written out.
+    """
+    _check_batch(inputs, targets, B.shape[0])
+    N, T = inputs.shape
+    V, dtype = B.shape[0], B.dtype
+    R = (B.T @ B) @ Phi
+    r_mean = R.mean(0)
+    A0 = _uniform_attention_weights(T, dtype)
+    mask = A0 > 0
+    offsets = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).clamp(min=0)
+    Q = torch.zeros(V, V, dtype=dtype)
+    q_pos = torch.zeros(T, dtype=dtype)
+    for s in range(0, N, chunk):
+        x, y = inputs[s:s + chunk], targets[s:s + chunk]
+        n = len(x)
+        M = R[y[:, :, None], x[:, None, :]] - r_mean[x][:, None, :]  # [n, T(query t), T(key k)]
+        M = M * mask
+        centred = (M - (M * A0).sum(-1, keepdim=True)) * A0  # Q_i[t, j]
+        Q += _pair_counts(x[:, :, None].expand(n, T, T), x[:, None, :].expand(n, T, T), centred, V)
+        q_pos += torch.bincount(offsets.expand(n, T, T).reshape(-1), weights=centred.reshape(-1), minlength=T)
+    return Q / (N * T), q_pos / (N * T)
+
+
+def leading_stats(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int, attention: bool = True,
+                  dtype=torch.float64) -> LeadingStats:
+    """B, Sigma_B, Phi (and Q, q_pos unless attention=False) of one batch."""
+    B = bigram_map(inputs, targets, vocab_size, dtype)
+    Phi = context_map(inputs, targets, vocab_size, dtype)
+    Q = q_pos = None
+    if attention:
+        Q, q_pos = attention_feature(inputs, targets, B, Phi)
+    return LeadingStats(B=B, Sigma_B=B.T @ B, Phi=Phi, Q=Q, q_pos=q_pos, n_positions=inputs.numel())
+
+
+def coefficients(steps: int, lr: float) -> dict[str, float]:
+    """The scalar in front of each leading term after `steps` SGD steps of size `lr` from zero."""
+    if steps < 0 or lr <= 0:
+        raise ValueError(f"steps={steps}, lr={lr}: expected steps >= 0 and lr > 0")
+    attn = (3 * math.comb(steps, 4) + 2 * math.comb(steps, 3)) * lr ** 4
+    return {"W_O": steps * lr, "V": math.comb(steps, 2) * lr ** 2, "W": attn, "P": attn}
+
+
+def predicted_weights(stats: LeadingStats, steps: int, lr: float, n_layers: int) -> dict[str, torch.Tensor]:
+    """The leading-term prediction of every weight after `steps` steps, keyed like
+    OneHotTransformer.weights(): W_O, W{l}, V{l}, P{l}."""
+    c = coefficients(steps, lr)
+    out = {"W_O": c["W_O"] * stats.B}
+    value = stats.value_term()
+    for l in range(n_layers):
+        out[f"V{l}"] = c["V"] * value
+        if stats.Q is not None:
+            out[f"W{l}"] = c["W"] * stats.Q
+            out[f"P{l}"] = c["P"] * stats.q_pos
+    return out
+
+
+def kind_of(name: str) -> str:
+    """'W_O', 'V', 'W' or 'P' for a weight name of OneHotTransformer.weights()."""
+    return "W_O" if name == "W_O" else name.rstrip("0123456789")
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """tr(A^T B) / (||A||_F ||B||_F); NaN when either is zero."""
+    a, b = a.double().reshape(-1), b.double().reshape(-1)
+    na, nb = a.norm(), b.norm()
+    if na == 0 or nb == 0:
+        return float("nan")
+    return float(a @ b / (na * nb))
+
+
+def cosines_to_leading_terms(weights: dict[str, torch.Tensor], stats: LeadingStats) -> dict[str, float]:
+    """The cosine of every weight to its leading-term direction."""
+    return {name: cosine(w, stats.direction(kind_of(name))) for name, w in weights.items()}
+
+
+def remove_projection(weight: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
+    """weight - (tr(weight^T term) / ||term||_F^2) term: the weight without its leading-term component."""
+    t = term.to(weight.dtype)
+    denom = (t * t).sum()
+    if denom == 0:
+        raise ValueError("remove_projection: the leading term is zero")
+    return weight - (weight * t).sum() / denom * t
