@@ -101,8 +101,42 @@ def test_keep_remove_flip_on_planted_system(planted):
 def test_dimension_rules():
     ks = [1, 2, 3, 4]
     assert ace.sufficient_dimension(ks, [0.5, 0.97, 0.99, 1.0], clean=1.0, tol=0.02) == 3
-    assert ace.necessary_dimension(ks, [0.9, 0.6, 0.28, 0.25], chance=0.25, tol=0.05) == 3
-    assert ace.necessary_dimension(ks, [0.9, 0.8, 0.7, 0.6], chance=0.25, tol=0.05) is None
+    assert ace.sufficient_dimension(ks, [0.5, 0.97, 0.9985, 1.0], clean=1.0, tol=1e-3) == 4
+    assert ace.necessary_dimension(ks, [0.9, 0.6, 0.28, 0.25], level=0.3) == 3
+    assert ace.necessary_dimension(ks, [0.9, 0.8, 0.7, 0.6], level=0.3) is None
+    assert ace.necessary_dimension(ks, [0.9, 0.2, 0.1, 0.1], level=0.3, at_least=3) == 3  # max(rank, k)
+    assert ace.necessary_dimension(ks, [0.9, 0.8, 0.7, 0.1], level=0.3, at_least=3) == 4
+    # the paper's level is twice chance (2/p), the book's chance + 0.05
+    assert ace.PAPER.necessary_level(0.25) == 0.5 and ace.BOOK.necessary_level(0.25) == pytest.approx(0.3)
+    val = ace.core_validation(ks, 0.75, {"keep": [0.5, 0.7495, 0.75, 0.75], "remove": [0.6, 0.5, 0.3, 0.25],
+                                         "flip": [float("nan")] * 4}, chance=0.25, definition=ace.PAPER,
+                              energy_rank=3)
+    assert (val.sufficient_dim, val.necessary_dim, val.definition, val.centered) == (2, 3, "paper", False)
+    val = ace.core_validation(ks, 0.75, {"keep": [0.5, 0.7495, 0.75, 0.75], "remove": [0.6, 0.5, 0.3, 0.25],
+                                         "flip": [float("nan")] * 4}, chance=0.25, definition=ace.BOOK)
+    assert (val.sufficient_dim, val.necessary_dim, val.definition, val.centered) == (2, 3, "book", True)
+    with pytest.raises(ValueError, match="outputs"):
+        ace.CoreDefinition("x", 0.99, "logprobs", True, 0.0, 1.0, 0.0, False)
+    with pytest.raises(ValueError, match="sufficient_tol"):
+        ace.CoreDefinition("x", 0.99, "raw", True, -1.0, 1.0, 0.0, False)
+
+
+def test_paper_keep_and_remove_act_about_the_origin(planted):
+    """The readout reads only the task directions and the core is exactly their span, so W QQ^T = W:
+    the paper's (uncentred) keep of the whole core changes no logit, and its remove leaves
+    W (I - QQ^T) h + bias = bias for every input: one class, argmax(bias), for all."""
+    J = planted["weight"].expand(len(planted["H"]), -1, -1)
+    core = ace.extract_core(planted["H"], J)
+    result = ace.validate_core(planted["model"], planted["tokens"], planted["labels"], "hook_h", core,
+                               chance=1 / N_CLASSES, definition=ace.PAPER, energy_rank=core.rank)
+    assert result.centered is False and result.definition == "paper"
+    assert result.keep[-1] == 1.0
+    constant_class = int(planted["model"].readout.bias.argmax())
+    assert result.remove[-1] == pytest.approx(float((planted["labels"] == constant_class).float().mean()))
+    assert result.necessary_level == pytest.approx(2 / N_CLASSES)
+    # removing two of the three axes already leaves 1/4 <= 2/8: the paper reports max(energy rank 3, 2)
+    assert result.remove[1] == pytest.approx(0.25, abs=0.03)
+    assert (result.sufficient_dim, result.necessary_dim) == (3, 3)
 
 
 def test_interventions_algebra():

@@ -51,34 +51,84 @@ def test_planted_model_validates(planted):
     assert val.remove[2] == pytest.approx(val.chance, abs=0.01) and val.necessary_dim <= 3
 
 
+def test_a_nuisance_correlated_with_the_core_by_chance_tilts_the_core_by_the_predicted_amount():
+    """Without the in-sample decorrelation the nuisance keeps its chance correlation with the latents
+    (as in real data). ACE's core is then span(Cov U), not span(U): the known answer."""
+    clean = ac.planted_system(seed=0, decorrelate=True)
+    chance = ac.planted_system(seed=0, decorrelate=False)
+    for system in (clean, chance):
+        core = ace.extract_core(system.H, system.jacobians, rank=3)
+        assert projector_overlap(core, system.predicted_core()) == pytest.approx(1.0, abs=1e-9)
+    assert projector_overlap(clean.predicted_core(), clean.U) == pytest.approx(1.0, abs=1e-9)
+    # the tilt is real and of the size the chance covariances predict: Cov U = U Czz + V Cnz
+    z = chance.Z.reshape(-1, 3)
+    n = (chance.H - chance.H.mean(0)) @ chance.V
+    zc = z - z.mean(0)
+    czz, cnz = zc.T @ zc / (len(z) - 1), n.T @ zc / (len(z) - 1)
+    tilt = cnz @ torch.linalg.inv(czz)  # core = span(U + V tilt)
+    expected = torch.linalg.qr(chance.U + chance.V @ tilt).Q
+    assert projector_overlap(expected, chance.predicted_core()) == pytest.approx(1.0, abs=1e-9)
+    # ||U^T Q||^2 / 3 for Q = orth(U + V T) is tr((I + T^T T)^-1) / 3
+    predicted = float(torch.trace(torch.linalg.inv(torch.eye(3, dtype=torch.float64) + tilt.T @ tilt)) / 3)
+    got = projector_overlap(ace.extract_core(chance.H, chance.jacobians, rank=3), chance.U)
+    assert got == pytest.approx(predicted, abs=1e-9)
+    assert 1 - got > 1e-3  # not hidden: the chance correlation moves the core visibly
+
+
+def test_paper_keep_drops_the_mean_along_silent_directions_the_readout_reads(planted):
+    """The planted readout reads the silent directions W, along which every activation equals the offset.
+    The book's keep (about the mean) keeps that offset: accuracy 1. The paper's keep h <- QQ^T h removes it,
+    shifting every input's logits by -R (I - QQ^T) h: the known answer below, computed by hand."""
+    model = ac.PlantedModel(planted)
+    tokens = torch.arange(planted.H.shape[0])[:, None]
+    core = ace.extract_core(planted.H, planted.jacobians, rank=3)
+    book = ace.validate_core(model, tokens, planted.labels, "hook_h", core, chance=0.25, definition=ace.BOOK)
+    paper = ace.validate_core(model, tokens, planted.labels, "hook_h", core, chance=0.25, definition=ace.PAPER)
+    assert book.keep[-1] == pytest.approx(1.0)
+    kept = planted.H @ core.projector
+    by_hand = float(((kept @ planted.readout.T + planted.bias).argmax(-1) == planted.labels).double().mean())
+    assert paper.keep[-1] == pytest.approx(by_hand, abs=1e-3) and by_hand < 0.9
+
+
 # ------------------------------------------------------------------ readout-side validation
-@pytest.mark.parametrize("norm", ["LN", None])
-def test_validate_readout_equals_hook_validation(norm):
+@pytest.mark.parametrize("norm", ["LN", None, "postLN"])
+@pytest.mark.parametrize("definition", [ace.BOOK, ace.PAPER])
+def test_validate_readout_equals_hook_validation(norm, definition):
     cfg = ToyConfig(d_vocab=7, n_ctx=4, d_model=16, n_layers=2, n_heads=2, d_mlp=32, d_vocab_out=5, normalization=norm)
     model = ToyTransformer(cfg, seed=1).eval()
     tokens = torch.randint(0, 7, (300, 4), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         labels = model(tokens)[:, -1].argmax(-1)
     labels[::3] = (labels[::3] + 1) % 5  # not all correct
-    core, inputs = ac.ace_final(model, tokens, energy_threshold=0.99)
-    ref = ace.validate_core(model, tokens, labels, ac.final_hook(cfg), core, chance=0.2)
-    got = ac.validate_readout(model, inputs.activations, labels, core, chance=0.2)
+    core, inputs = ac.ace_final(model, tokens, definition=ac.with_threshold(definition, 0.99))
+    ref = ace.validate_core(model, tokens, labels, ac.final_hook(cfg), core, chance=0.2, definition=definition,
+                            energy_rank=2)
+    got = ac.validate_readout(model, inputs.activations, labels, core, chance=0.2, definition=definition,
+                              energy_rank=2)
     assert got.clean == pytest.approx(ref.clean)
     for mode in ("keep", "remove", "flip"):
         assert getattr(got, mode) == pytest.approx(getattr(ref, mode), abs=1e-6)
     assert (got.sufficient_dim, got.necessary_dim) == (ref.sufficient_dim, ref.necessary_dim)
+    assert got.definition == definition.name and got.centered == definition.centered
+    with pytest.raises(ValueError, match="modes"):
+        ac.validate_readout(model, inputs.activations, labels, core, chance=0.2, modes=("keep", "zap"))
 
 
-@pytest.mark.parametrize("norm", ["LN", None])
-def test_readout_jacobians_equal_autograd_through_the_model(norm):
+@pytest.mark.parametrize("norm", ["LN", None, "postLN"])
+@pytest.mark.parametrize("outputs", ["centred", "raw"])
+def test_readout_jacobians_equal_autograd_through_the_model(norm, outputs):
     cfg = ToyConfig(d_vocab=7, n_ctx=4, d_model=16, n_layers=2, n_heads=2, d_mlp=32, normalization=norm)
     model = ToyTransformer(cfg, seed=3).eval()
     tokens = torch.randint(0, 7, (30, 4), generator=torch.Generator().manual_seed(2))
-    ref = ace.collect_ace_inputs(model, tokens, ac.final_hook(cfg), output_fn=ac.centred_logits, position="all")
-    core, got = ac.ace_final(model, tokens, position="all")
+    out_fn = ac.centred_logits if outputs == "centred" else None
+    ref = ace.collect_ace_inputs(model, tokens, ac.final_hook(cfg), output_fn=out_fn, position="all")
+    definition = ace.BOOK if outputs == "centred" else ace.PAPER
+    core, got = ac.ace_final(model, tokens, position="all", definition=definition)
     assert torch.allclose(got.activations, ref.activations, atol=1e-6)
     assert torch.allclose(got.jacobians, ref.jacobians, atol=1e-5)
     assert (got.n_sequences, got.n_positions) == (30, 4)
+    with pytest.raises(ValueError, match="outputs"):
+        ac.readout_jacobians(model, got.activations[:3], outputs="softmax")
 
 
 def test_collect_many_equals_one_hook_at_a_time():
@@ -105,6 +155,69 @@ def test_eig_relative_error_matches_sets():
     assert ac.eig_relative_error(est2, ref) == pytest.approx(0.1)
     with pytest.raises(ValueError):
         ac.eig_relative_error(est[:2], ref)
+
+
+def test_matched_eig_errors_per_eigenvalue():
+    ref = torch.tensor([0.75 + 0.25j, 0.75 - 0.25j, 0.5 + 0j])
+    est = torch.tensor([0.55 + 0j, 0.75 - 0.25j, 0.76 + 0.25j, 0.01 + 0j])
+    err = ac.matched_eig_errors(est, ref)
+    assert err == pytest.approx([0.01 / abs(0.75 + 0.25j), 0.0, 0.1])
+    assert ac.slow_modes(ref).tolist() == [True, True, False]
+    assert ac.eigen_label(0.75 + 0.25j) == "0.75+0.25i" and ac.eigen_label(0.5) == "0.50"
+
+
+def planted_markov_model(chain, d_model=8, seed=0):
+    """A ToyTransformer whose last residual stream is an embedding of the current state: attention
+    writes nothing, no MLP, no positions, no LayerNorm; the readout gives logits 4 P[state]."""
+    cfg = ToyConfig(d_vocab=chain.n_states, n_ctx=31, d_model=d_model, n_layers=1, n_heads=2, d_mlp=0,
+                    positional="none", normalization=None)
+    model = ToyTransformer(cfg, seed=seed).eval()
+    with torch.no_grad():
+        model.blocks[0].attn.W_O.zero_()
+        E = model.W_E.double()
+        model.unembed.W_U.copy_((torch.linalg.pinv(E) @ (4 * chain.P)).float())
+        model.unembed.b_U.zero_()
+    return model
+
+
+def test_markov_pipeline_on_a_planted_model_with_a_known_operator():
+    """Known answers: the core is the span of the centred state embeddings (3-D), the fitted operator is
+    the empirical transition matrix of the extraction sequences (its eigenvalues exactly), the model
+    predicts "stay", and removing the whole core leaves one constant prediction."""
+    from circuitbook.tasks.markov import MarkovChain
+
+    chain = MarkovChain.circulant(4, 0.75)
+    states = chain.sample(80, 32, seed=3)
+    tokens, labels = states[:, :-1], states[:, 1:]
+    model = planted_markov_model(chain)
+    m = ac.markov_model_analysis(model, chain, tokens, labels, n_sequences=40, definition=ace.PAPER)
+    E = model.W_E.double()
+    centred_span = torch.linalg.svd(E - E.mean(0), full_matrices=False).Vh[:3].T
+    assert m.core.rank == 3 and m.core.sigma.numel() == 3
+    assert projector_overlap(m.core, centred_span) == pytest.approx(1.0, abs=1e-6)
+    fit = tokens[:40]
+    counts = torch.zeros(4, 4, dtype=torch.float64)
+    for a, b in zip(fit[:, :-1].flatten(), fit[:, 1:].flatten()):
+        counts[a, b] += 1
+    empirical = counts / counts.sum(1, keepdim=True)
+    eig = torch.linalg.eigvals(empirical)
+    eig = eig[torch.argsort((eig - 1).abs())][1:]  # drop the eigenvalue 1
+    assert ac.matched_eig_errors(m.operator.eigenvalues, eig).max() < 1e-6
+    truth = ac.matched_eig_errors(eig, chain.eigenvalues()[1:])
+    assert m.eig_errors == pytest.approx(truth, abs=1e-6)
+    assert m.slow_error == pytest.approx(truth[:2].max(), abs=1e-6) and m.fast_error == pytest.approx(truth[2], abs=1e-6)
+    val_labels, val_tokens = labels[40:80], tokens[40:80]
+    assert m.accuracy == pytest.approx(float((val_labels == val_tokens).double().mean()), abs=1e-6)
+    v = m.validation
+    assert v.definition == "paper" and v.ks == [1, 2, 3]
+    # by hand, per state: the paper's keep maps E[s] to E[s] QQ^T, its remove to E[s] - E[s] QQ^T
+    P = m.core.projector
+    kept_pred = ((E @ P) @ model.W_U.double()).argmax(-1)
+    removed_pred = ((E - E @ P) @ model.W_U.double()).argmax(-1)
+    assert len(set(removed_pred.tolist())) == 1  # outside the core every state looks the same
+    assert v.keep[-1] == pytest.approx(float((val_labels == kept_pred[val_tokens]).double().mean()), abs=1e-6)
+    assert v.remove[-1] == pytest.approx(float((val_labels == removed_pred[0]).double().mean()), abs=1e-6)
+    assert v.necessary_dim == 3  # max(energy rank 3, k): remove falls to one constant class
 
 
 def test_state_conditional_operator_recovers_the_chain():
@@ -142,15 +255,44 @@ def test_next_token_accuracy_callback():
 def test_markov_pipeline_on_a_tiny_run(runs_dir):
     cfg = SimpleNamespace(markov_states=4, markov_stay=0.75, markov_n_train=64, markov_n_test=40, markov_length=12,
                           markov_d_model=16, markov_n_heads=2, markov_d_mlp=32, markov_epochs=5, markov_batch=32,
-                          markov_lr=3e-3, markov_seeds=[0, 100], markov_eval_sequences=20)
-    exp = ac.train_markov(cfg)
-    assert exp.train_config.steps == 10 and exp.run.n_members == 2
-    members = [ac.markov_member_analysis(exp, k, n_sequences=20) for k in range(2)]
-    for m in members:
-        assert m.core.rank >= 1 and m.coords.shape == (20, 11, m.core.rank)
-        assert 0 <= m.accuracy <= 1
-    pairs = ac.markov_pairs(exp, members)
-    assert len(pairs) == 1 and 0 <= pairs.overlap[0] <= 1 and 0 <= pairs.cca_mean[0] <= 1 + 1e-9
+                          markov_lr=3e-3, markov_seeds=[0, 100], markov_eval_sequences=20, markov_dropout=0.1,
+                          energy_threshold=0.999)
+    for setup, norm, dropout, definition in (("paper", "postLN", 0.1, "paper"), ("book", "LN", 0.0, "book")):
+        exp = ac.train_markov(cfg, setup)
+        assert exp.train_config.steps == 10 and exp.run.n_members == 2
+        assert (exp.model_config.normalization, exp.model_config.dropout) == (norm, dropout)
+        assert exp.definition.name == definition
+        members = [ac.markov_member_analysis(exp, k, n_sequences=20) for k in range(2)]
+        for m in members:
+            assert m.core.rank >= 1 and m.coords.shape == (20, 11, m.core.rank)
+            assert m.activations.shape == (220, 16) and 0 <= m.accuracy <= 1
+            assert m.validation.definition == definition
+        pairs = ac.markov_pairs(exp, members)
+        assert len(pairs) == 1 and 0 <= pairs.overlap[0] <= 1 and 0 <= pairs.cca_mean[0] <= 1 + 1e-9
+        # the weights at step 0 are the members' random initialisations
+        init = ac.weight_cosine(ac.weight_matrices(exp.run.model(0, step=0)),
+                                ac.weight_matrices(ToyTransformer(exp.model_config, seed=0))).overall
+        assert init == pytest.approx(1.0)
+        values = ac.markov_claim_values(exp, members, pairs)
+        assert len(values["core_dim"]) == 2 and values["max_weight_cosine"] == abs(pairs.weight_cosine[0])
+    assert exp.run.key != ac.train_markov(cfg, "paper").run.key
+    with pytest.raises(ValueError, match="setup"):
+        ac.markov_setup(cfg, "pre-LN")
+
+
+def test_random_baselines_have_their_known_means():
+    # E ||Qa^T Qb||_F^2 = ra rb / D for independent uniform subspaces, so the overlap averages sqrt(ra rb) / D
+    assert ac.random_subspace_overlap(64, 3, 3, n_draws=2000) == pytest.approx(3 / 64, rel=0.05)
+    assert ac.random_subspace_overlap(16, 2, 8, n_draws=2000) == pytest.approx(4 / 16, rel=0.05)
+    # activations that are one 3-D signal in both models: every random 3-D projection sees all of it
+    gen = torch.Generator().manual_seed(0)
+    signal = torch.randn(2000, 3, generator=gen, dtype=torch.float64)
+    a = signal @ torch.randn(3, 10, generator=gen, dtype=torch.float64)
+    b = signal @ torch.randn(3, 12, generator=gen, dtype=torch.float64)
+    top, mean = ac.random_projection_cca(a, b, 3, 3, n_draws=5)
+    assert top == pytest.approx(1.0, abs=1e-9) and mean == pytest.approx(1.0, abs=1e-9)
+    top, mean = ac.random_projection_cca(a, torch.randn(2000, 12, generator=gen, dtype=torch.float64), 3, 3)
+    assert top < 0.15
 
 
 # ------------------------------------------------------------------ grokking helpers
@@ -171,10 +313,12 @@ def test_shift_operator_of_a_fourier_representation_is_a_rotation():
 def test_modular_core_at_runs_on_a_small_model():
     task = ModularAddition(p=7, train_fraction=0.5)
     model = ToyTransformer(ac.modular_model_config(7, 1, 16, 2, 32), seed=0)
-    res = ac.modular_core_at(model, task, max_rank=8)
-    assert 1 <= res["rank"] <= 16 and len(res["eigenvalues"]) == res["rank"]
-    ks = res["validation"].ks
-    assert ks == list(range(1, len(ks) + 1)) and len(ks) <= 6  # centred logits of p = 7 outputs span 6 dims
+    res = ac.modular_core_at(model, task, definition=ac.with_threshold(ace.PAPER, 0.99), alternative=ace.BOOK)
+    assert 1 <= res["rank"] <= 7 and len(res["eigenvalues"]) == res["rank"]
+    assert 1 <= res["alt_rank"] <= 6  # centred logits of p = 7 outputs span 6 dimensions, raw logits 7
+    for key in ("sufficient_dim", "necessary_dim", "alt_sufficient_dim", "alt_necessary_dim"):
+        assert res[key] >= 1  # a number, inf where no k qualifies
+    assert res["necessary_dim"] >= res["rank"]  # the paper's: max(energy rank, k)
 
 
 def test_first_crossing_and_grokking_times():
@@ -228,6 +372,20 @@ def test_fit_power_law_recovers_exponents():
         ac.fit_power_law([1, 1, 1], [1, 2, 3])
 
 
+def test_per_seed_exponents_and_fits_that_cannot_be_made():
+    omegas = [1.0, 1.5, 2.0, 3.0]
+    rows = [{"seed": s, "omega": w, "delay": 100 * w ** e} for s, e in ((0, -1.0), (1, -0.5)) for w in omegas]
+    rows += [{"seed": 2, "omega": w, "delay": d} for w, d in zip(omegas, [50.0, float("nan"), float("nan"), 20.0])]
+    out = ac.per_seed_exponents(pd.DataFrame(rows), "omega")
+    assert out.exponent[:2].tolist() == pytest.approx([-1.0, -0.5]) and out.points.tolist() == [4, 4, 2]
+    assert math.isnan(out.exponent[2])  # two points grokked: no fit
+    assert ac.fit_power_law_or_none([1, 2], [3, 4]) is None
+
+
+def test_dimensions_are_numbers_never_nan():
+    assert ac.dim_value(None) == math.inf and ac.dim_value(3) == 3.0
+
+
 def test_epochs_to_steps():
     assert ac.epochs_to_steps(900, 1404, 512) == 2700
     assert ac.epochs_to_steps(10, 480, 1000) == 10
@@ -239,8 +397,6 @@ def test_margin_metric_and_verbs():
     logits[0, -1, 2], logits[1, -1, 4], logits[2, -1, 2] = 1.0, 1.0, -1.0
     margin = ac.agreement_margin(2, 4)(logits[:, -1])
     assert margin.tolist() == [1.0, -1.0, -1.0]
-    metric = ac.agreement_metric(2, 4)
-    assert metric(logits, torch.tensor([1, -1, 1])) == pytest.approx(2 / 3)
     assert ac.first_verb_number("cabinet is open") == "singular"
     assert ac.first_verb_number(" were there, is it") == "plural"
     assert ac.first_verb_number("nothing here") == ""

@@ -58,10 +58,15 @@ def test_unavailable_names_say_why():
     assert not pt.availability("/definitely/not/a/folder")[0]
 
 
-def test_paper_model_names():
-    assert pt.is_paper_model("openai-community/gpt2-medium") and pt.is_paper_model("Qwen/Qwen2.5-1.5B")
+def test_paper_model_names_match_exactly():
+    assert pt.is_paper_model("openai-community/gpt2-medium") and pt.is_paper_model("gpt2")
     assert pt.is_paper_model("meta-llama/Llama-3.1-8B") and pt.is_paper_model("google/gemma-2-2b")
+    assert pt.is_paper_model("Qwen/Qwen2.5-7B")
     assert not pt.is_paper_model(pt.SMOLLM2) and not pt.is_paper_model(pt.TINY)
+    # no substring matches: distillations, fine-tunes, other sizes and spellings are not the paper's models
+    for name in ("distilgpt2", "distilbert/distilgpt2", "gpt2-xl-finetuned", "Qwen/Qwen2.5-1.5B", "GPT2",
+                 "meta-llama/Llama-3.1-8B-Instruct", "/models/gpt2", "my-gpt2"):
+        assert not pt.is_paper_model(name), name
 
 
 def test_smollm2_gguf_is_found_without_importing_the_package():

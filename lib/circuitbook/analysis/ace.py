@@ -8,7 +8,8 @@ outputs (Jacobian). Four steps, one function each:
 - collect:   `collect_activations`, `collect_ace_inputs` run a model with a hook
              and return H (and J) at one or all positions
 - validate:  `validate_core` applies keep / remove / flip at a hook for each
-             rank k and reads off the sufficient and necessary dimensions
+             rank k and reads off the sufficient and necessary dimensions, by the
+             paper's definitions (`PAPER`) or the book's (`BOOK`), see `CoreDefinition`
 - identify:  `fit_core_operator` fits z_{t+1} ~ A z_t in core coordinates
 
 Models: anything with TransformerLens-style `run_with_hooks(tokens,
@@ -19,6 +20,7 @@ be laid out [batch, pos, ...]; trailing dimensions are flattened into D.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Literal, Sequence, Union
 
@@ -447,11 +449,61 @@ def evaluate(model, tokens, labels, metric: Metric, fwd_hooks: Sequence = (), ba
 
 
 @dataclass(frozen=True)
+class CoreDefinition:
+    """What "the core", "sufficient" and "necessary" mean: the paper's choices or the book's.
+
+    energy_threshold:  the ACE rank is the smallest r whose cumulative sigma^2 share reaches it.
+    outputs:           the task outputs whose Jacobian ACE takes: "raw" logits, or "centred" logits
+                       (minus their mean, which drops the direction that shifts every logit alike).
+    centered:          keep / remove about the mean mu (mean ablations) or about the origin 0
+                       (h <- Q Q^T h and h <- h - Q Q^T h); flip is always about mu.
+    sufficient_tol:    sufficient dimension = smallest k whose keep score >= clean - sufficient_tol.
+    necessary_factor, necessary_tol: necessary dimension = smallest k whose remove score
+                       <= necessary_factor * chance + necessary_tol ...
+    necessary_at_least_rank: ... reported as max(energy rank, k) when True.
+    """
+
+    name: str
+    energy_threshold: float
+    outputs: str
+    centered: bool
+    sufficient_tol: float
+    necessary_factor: float
+    necessary_tol: float
+    necessary_at_least_rank: bool
+
+    def __post_init__(self):
+        _check_threshold(self.energy_threshold)
+        if self.outputs not in OUTPUTS:
+            raise ValueError(f"CoreDefinition.outputs={self.outputs!r} is not allowed; expected one of {OUTPUTS}")
+        for name in ("sufficient_tol", "necessary_factor", "necessary_tol"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"CoreDefinition.{name}={getattr(self, name)!r} is not allowed; expected >= 0")
+
+    def necessary_level(self, chance: float) -> float:
+        """The remove score at or below which the removed directions count as necessary."""
+        return self.necessary_factor * chance + self.necessary_tol
+
+
+OUTPUTS = ("raw", "centred")
+# The paper's (PAPERS.md, Markov experiment): threshold 0.999, J of the raw logits, uncentred keep/remove,
+# sufficient within 1e-3 of clean, necessary at <= 2/p (twice chance), reported as max(energy rank, r).
+PAPER = CoreDefinition("paper", energy_threshold=0.999, outputs="raw", centered=False, sufficient_tol=1e-3,
+                       necessary_factor=2.0, necessary_tol=0.0, necessary_at_least_rank=True)
+# The book's first choices, kept as a named alternative: threshold 0.99, centred logits, mean ablations,
+# sufficient within 0.02 of clean, necessary within 0.05 of chance.
+BOOK = CoreDefinition("book", energy_threshold=0.99, outputs="centred", centered=True, sufficient_tol=0.02,
+                      necessary_factor=1.0, necessary_tol=0.05, necessary_at_least_rank=False)
+DEFINITIONS = {d.name: d for d in (PAPER, BOOK)}
+
+
+@dataclass(frozen=True)
 class CoreValidation:
     """Scores of keep / remove / flip with the first k core directions, for each k in ks.
 
-    sufficient_dim: smallest k with keep[k] >= clean - sufficient_tol (None if no k qualifies).
-    necessary_dim:  smallest k with remove[k] <= chance + necessary_tol (None if no k qualifies).
+    sufficient_dim: smallest k with keep[k] >= clean - definition.sufficient_tol (None if no k qualifies).
+    necessary_dim:  smallest k with remove[k] <= necessary_level (None if no k qualifies), raised to
+                    the energy rank when the definition says so and the rank was given.
     """
 
     ks: list[int]
@@ -463,6 +515,8 @@ class CoreValidation:
     sufficient_dim: int | None
     necessary_dim: int | None
     centered: bool
+    definition: str = BOOK.name
+    necessary_level: float = float("nan")
 
 
 def sufficient_dimension(ks: Sequence[int], keep: Sequence[float], clean: float, tol: float) -> int | None:
@@ -470,45 +524,62 @@ def sufficient_dimension(ks: Sequence[int], keep: Sequence[float], clean: float,
     return next((k for k, score in zip(ks, keep) if score >= clean - tol), None)
 
 
-def necessary_dimension(ks: Sequence[int], remove: Sequence[float], chance: float, tol: float) -> int | None:
-    """Smallest k whose remove score has fallen to within `tol` of chance (None if none)."""
-    return next((k for k, score in zip(ks, remove) if score <= chance + tol), None)
+def necessary_dimension(ks: Sequence[int], remove: Sequence[float], level: float,
+                        at_least: int | None = None) -> int | None:
+    """Smallest k whose remove score is at most `level` (None if none); max(at_least, k) if given."""
+    k = next((k for k, score in zip(ks, remove) if score <= level), None)
+    return k if k is None or at_least is None else max(int(at_least), k)
+
+
+def core_validation(ks: Sequence[int], clean: float, scores: dict, chance: float, definition: CoreDefinition,
+                    energy_rank: int | None = None) -> CoreValidation:
+    """A CoreValidation from keep / remove / flip scores per k, judged by `definition`.
+
+    A mode that was not scored holds NaNs; its dimension is then None.
+    """
+    nan_mode = {m: all(math.isnan(v) for v in scores[m]) for m in INTERVENTIONS}
+    level = definition.necessary_level(chance)
+    at_least = energy_rank if definition.necessary_at_least_rank else None
+    return CoreValidation(
+        ks=list(ks), clean=clean, keep=list(scores["keep"]), remove=list(scores["remove"]), flip=list(scores["flip"]),
+        chance=chance, centered=definition.centered, definition=definition.name, necessary_level=level,
+        sufficient_dim=None if nan_mode["keep"] else sufficient_dimension(ks, scores["keep"], clean,
+                                                                            definition.sufficient_tol),
+        necessary_dim=None if nan_mode["remove"] else necessary_dimension(ks, scores["remove"], level, at_least))
 
 
 def validate_core(model, tokens, labels, hook_name: str, core: AceCore, *, chance: float,
                   position: Position = -1, metric: Metric | None = None, ks: Sequence[int] | None = None,
-                  sufficient_tol: float = 0.02, necessary_tol: float = 0.05, centered: bool = True,
+                  definition: CoreDefinition = BOOK, energy_rank: int | None = None,
                   batch_size: int = 512) -> CoreValidation:
     """Causal test of a core at `hook_name`: keep / remove / flip with Q[:, :k] for each k in ks.
 
     Interventions act at `position` (an int, or 'all'); `metric(logits [B, pos, V], labels)`
     defaults to argmax accuracy at the same position. `chance` is the score of a model
     that ignores its input (e.g. 1 / n_classes, or the majority-class rate).
-    centered=True measures the core from the mean mu (keep/remove are mean-ablations of the
-    complement/core, which leave the mean activation intact); centered=False uses the origin 0,
-    the paper's literal keep h <- Q Q^T h and remove h <- h - Q Q^T h (flip is always about mu).
+    `definition` says whether keep / remove act about the mean (mean ablations, `BOOK`) or about
+    the origin (the paper's literal keep h <- Q Q^T h and remove h <- h - Q Q^T h, `PAPER`; flip
+    is always about mu), and how the sufficient and necessary dimensions are read off;
+    energy_rank is the core's energy rank, for definitions that report max(energy rank, k).
     """
     check_hook_name(model, hook_name)
     ks = list(range(1, core.rank + 1)) if ks is None else list(ks)
     if not ks or any(not (isinstance(k, int) and 1 <= k <= core.rank) for k in ks):
         raise ValueError(f"ks={ks!r} is not allowed; expected integers in [1, rank={core.rank}]")
-    for name, tol in (("sufficient_tol", sufficient_tol), ("necessary_tol", necessary_tol)):
-        if not tol >= 0:
-            raise ValueError(f"{name}={tol!r} is not allowed; expected a number >= 0")
+    if not isinstance(definition, CoreDefinition):
+        raise ValueError(f"definition={definition!r} is not allowed; expected a CoreDefinition, e.g. ace.PAPER "
+                         f"or ace.BOOK")
     metric = metric or accuracy_metric(position)
     Q, mu = core.Q, core.mu  # the hook casts them to the activation's dtype and device
 
     def score(mode: str, k: int) -> float:
-        origin = mu if (centered or mode == "flip") else None
+        origin = mu if (definition.centered or mode == "flip") else None
         hook = intervention_hook(Q[:, :k], origin, mode, position)
         return evaluate(model, tokens, labels, metric, [(hook_name, hook)], batch_size)
 
     clean = evaluate(model, tokens, labels, metric, (), batch_size)
     scores = {mode: [score(mode, k) for k in ks] for mode in INTERVENTIONS}
-    return CoreValidation(ks=ks, clean=clean, keep=scores["keep"], remove=scores["remove"], flip=scores["flip"],
-                          chance=chance, centered=centered,
-                          sufficient_dim=sufficient_dimension(ks, scores["keep"], clean, sufficient_tol),
-                          necessary_dim=necessary_dimension(ks, scores["remove"], chance, necessary_tol))
+    return core_validation(ks, clean, scores, chance, definition, energy_rank)
 
 
 # --------------------------------------------------------------------------- #

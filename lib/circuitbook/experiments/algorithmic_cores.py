@@ -4,25 +4,35 @@
 Everything the chapter's notebooks share lives here, so that every notebook gets the same runs
 by calling the same function with the same Params.
 
+Definitions (all notebooks)
+    `ace.PAPER` and `ace.BOOK` say what the core, "sufficient" and "necessary" mean (the paper's
+    choices, judged on the scorecard, and the book's first choices, shown beside them).
 Planted system (notebook 01)
     `planted_system`      a latent linear system with known core and known operator, embedded in a
                           larger activation space with distracting directions; `PlantedModel` reads
-                          it out through a hook, so the whole ACE pipeline runs on it.
+                          it out through a hook, so the whole ACE pipeline runs on it;
+                          `PlantedSystem.predicted_core` is the exact answer when nuisance directions
+                          correlate with the latents by chance.
 Readout-side validation (all toy-model notebooks)
     `final_residual`      activations of the last residual stream and the readout after it;
     `validate_readout`    keep / remove / flip for every rank k, evaluated by re-running only the
                           readout (final LayerNorm + unembedding) on the intervened activations,
                           which gives exactly `ace.validate_core` at that hook, thousands of times faster.
 Markov chains (notebook 02, AC-1..AC-4)
-    `markov_setup`, `train_markov`, `markov_member_analysis`, `markov_pairs`, `eig_relative_error`.
+    `markov_setup`, `train_markov` (setups "paper": post-LN with dropout, and "book": pre-LN),
+    `markov_model_analysis`, `markov_member_analysis`, `markov_pairs`, `markov_claim_values`,
+    `operator_diagnostic`, `eig_relative_error`, `matched_eig_errors`, `random_subspace_overlap`,
+    `random_projection_cca`.
 Grokking (notebook 03, AC-5..AC-7)
-    `grokking_setup`, `train_grokking`, `auto_fork_step`, `train_wd0_branch`, `modular_core_at`,
-    `core_trajectory`, `shift_operator`, `unit_circle_deviation`.
+    `grokking_setup`, `train_grokking`, `choose_fork_step`, `auto_fork_step`, `train_wd0_branch`,
+    `modular_core_at`, `core_trajectory`, `shift_operator`, `unit_circle_deviation`,
+    `grokking_summary`, `dimension_growth`, `eigen_frequencies`.
 Delay law (notebook 04, AC-8)
-    `first_crossing`, `grokking_times`, `fit_power_law`, `train_omega_sweep`, `train_p_sweep`.
+    `first_crossing`, `grokking_times`, `fit_power_law`, `fit_power_law_or_none`,
+    `per_seed_exponents`, `train_omega_sweep`, `train_p_sweep`.
 Agreement in a language model (notebook 05, AC-9)
-    `agreement_margin`, `agreement_metric`, `layer_cores`, `flip_effect`, `greedy_generate`,
-    `first_verb_number`, `spearman_alignment`.
+    `agreement_margin`, `layer_cores`, `flip_effect`, `greedy_generate`, `first_verb_number`,
+    `spearman_alignment`, `agreement_model_analysis`.
 
 Steps and epochs: the training loop counts optimizer steps. With a fixed training set of n
 examples and batch B there are ceil(n / B) steps per epoch (`FixedDataset.steps_per_epoch`); a
@@ -31,7 +41,7 @@ batch >= n is full-batch training (one step per epoch). `epochs_to_steps` conver
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -50,16 +60,13 @@ from ..tasks.modular import ModularAddition
 from ..train import Ensemble, Run, TrainConfig, _tensor_digest, pool_accuracy
 from ..train import train as _train
 
-CHANCE_TOL = 0.05  # necessary dimension: remove-accuracy within this of chance
-SUFFICIENT_TOL = 0.02  # sufficient dimension: keep-accuracy within this of the clean accuracy
-
 
 def set_threads(n: int | None) -> int:
     """torch.set_num_threads(n) unless n is None; returns the number of threads in use.
 
     Small models run op by op in microseconds; with several OpenMP threads on a CPU that other
-    processes keep busy, every op waits for its threads (we measured 15-20 ms per tiny einsum), so
-    one thread is much faster there. None keeps torch's default.
+    processes keep busy, every op waits for its threads, so one thread is much faster there.
+    None keeps torch's default.
     """
     if n is not None:
         torch.set_num_threads(int(n))
@@ -67,13 +74,29 @@ def set_threads(n: int | None) -> int:
 
 
 def centred_logits(logits: torch.Tensor) -> torch.Tensor:
-    """The task outputs for ACE: logits minus their mean (a common shift changes no prediction)."""
+    """Logits minus their mean (a common shift changes no prediction): the book's task outputs."""
     return logits - logits.mean(-1, keepdim=True)
+
+
+def task_outputs(definition: ace.CoreDefinition) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The task outputs whose Jacobian ACE takes under `definition`: raw or centred logits."""
+    return centred_logits if definition.outputs == "centred" else (lambda logits: logits)
+
+
+def with_threshold(definition: ace.CoreDefinition, energy_threshold: float | None) -> ace.CoreDefinition:
+    """`definition` with another energy threshold (None keeps its own)."""
+    return definition if energy_threshold is None else replace(definition, energy_threshold=float(energy_threshold))
 
 
 def epochs_to_steps(epochs: int, n_train: int, batch_size: int) -> int:
     """Optimizer steps of `epochs` passes over n_train examples at batch_size (ceil per epoch)."""
     return int(epochs) * max(1, -(-int(n_train) // int(batch_size)))
+
+
+def dim_value(dim: int | None) -> float:
+    """A sufficient or necessary dimension as a number: inf when no k qualified (no core that small
+    or that large does the job), never NaN (NaN would read as "not measured")."""
+    return math.inf if dim is None else float(dim)
 
 
 # --------------------------------------------------------------------------- planted system
@@ -85,7 +108,8 @@ class PlantedSystem:
     h = offset + U z + V n + W c: U [D, r] the true core, V [D, n_nuisance] large-variance nuisance
     that the outputs ignore, W [D, n_silent] directions the outputs read strongly but along which
     the activations never vary (c constant). logits = h R^T + b with R reading U and W only.
-    Labels are the clean argmax, so clean accuracy is 1.
+    Labels are the clean argmax, so clean accuracy is 1. With `decorrelated` the nuisance was made
+    exactly uncorrelated with z in-sample; otherwise it keeps its chance correlation.
     """
 
     H: torch.Tensor  # [S * T, D] activations, sequence-major
@@ -97,6 +121,7 @@ class PlantedSystem:
     readout: torch.Tensor  # [n_classes, D]
     bias: torch.Tensor  # [n_classes]
     labels: torch.Tensor  # [S * T]
+    decorrelated: bool = True
 
     @property
     def eigenvalues(self) -> torch.Tensor:
@@ -108,12 +133,28 @@ class PlantedSystem:
         """d logits / d h for every sample: the readout, [N, n_classes, D]."""
         return self.readout.expand(self.H.shape[0], *self.readout.shape)
 
+    def predicted_core(self) -> torch.Tensor:
+        """The exact full-rank ACE core, [D, r] orthonormal: span(Cov U).
+
+        Why: with Cov = Lc Lc^T and Obs = Lo Lo^T, Lc U_s S = Cov Lo V_s, so ACE's directions span
+        Cov Lo. The readout's rows lie in span(U, W) and Cov W = 0, so span(Cov Lo) = span(Cov U).
+        Cov U = U Cov(z) + V Cov(n, z): a nuisance direction that correlates with the latents (by
+        chance, in a finite sample) tilts the core toward it, in proportion to its variance.
+        """
+        Hc = self.H - self.H.mean(0)
+        cov = Hc.T @ Hc / (self.H.shape[0] - 1)
+        return torch.linalg.qr(cov @ self.U).Q
+
 
 def planted_system(D: int = 24, n_sequences: int = 200, length: int = 25, rho: float = 0.95,
                    theta: float = math.pi / 6, third: float = 0.6, noise: float = 0.3,
                    nuisance_scale: float = 4.0, n_nuisance: int = 6, n_silent: int = 3, n_classes: int = 4,
-                   seed: int = 0) -> PlantedSystem:
-    """A planted 3-dimensional core with operator eigenvalues rho e^{+-i theta} and `third`."""
+                   seed: int = 0, decorrelate: bool = True) -> PlantedSystem:
+    """A planted 3-dimensional core with operator eigenvalues rho e^{+-i theta} and `third`.
+
+    decorrelate: remove the nuisance's in-sample correlation with the latents (then ACE's core is
+    exactly span(U)); False keeps the chance correlation of a finite sample, as in real data.
+    """
     if D < 3 + n_nuisance + n_silent:
         raise ValueError(f"D={D} must be >= 3 + n_nuisance + n_silent = {3 + n_nuisance + n_silent}")
     gen = torch.Generator().manual_seed(seed)
@@ -136,15 +177,17 @@ def planted_system(D: int = 24, n_sequences: int = 200, length: int = 25, rho: f
     n = n_sequences * length
     z = Z.reshape(n, 3)
     nuisance = nuisance_scale * torch.randn(n, n_nuisance, generator=gen, dtype=dt)
-    design = torch.cat([torch.ones(n, 1, dtype=dt), z], 1)
-    nuisance -= design @ torch.linalg.lstsq(design, nuisance).solution  # in-sample: uncorrelated with z, mean 0
+    if decorrelate:
+        design = torch.cat([torch.ones(n, 1, dtype=dt), z], 1)
+        nuisance -= design @ torch.linalg.lstsq(design, nuisance).solution  # in-sample: uncorrelated with z, mean 0
     offset = torch.randn(D, generator=gen, dtype=dt)
     H = offset + z @ U.T + nuisance @ V.T
     readout = torch.randn(n_classes, 3, generator=gen, dtype=dt) @ U.T \
         + 5.0 * torch.randn(n_classes, n_silent, generator=gen, dtype=dt) @ W.T
     bias = -(readout @ offset)
     labels = (H @ readout.T + bias).argmax(-1)
-    return PlantedSystem(H=H, Z=Z, U=U, V=V, W=W, A=A, readout=readout, bias=bias, labels=labels)
+    return PlantedSystem(H=H, Z=Z, U=U, V=V, W=W, A=A, readout=readout, bias=bias, labels=labels,
+                         decorrelated=decorrelate)
 
 
 class PlantedModel(HookedRootModule):
@@ -173,11 +216,16 @@ def final_hook(model_cfg: ToyConfig) -> str:
 
 
 def readout(model: ToyTransformer, resid: torch.Tensor) -> torch.Tensor:
-    """Logits from the last residual stream: final LayerNorm (if any) and unembedding."""
+    """Logits from the last residual stream: final LayerNorm (pre-LN models only) and unembedding."""
     x = resid.to(model.W_U.dtype)
     if model.cfg.normalization == "LN":
         x = model.ln_final(x)
     return model.unembed(x)
+
+
+def affine_readout(model: ToyTransformer) -> bool:
+    """Whether the readout after the last residual stream is affine (no final LayerNorm)."""
+    return model.cfg.normalization != "LN"
 
 
 def final_residual(model: ToyTransformer, tokens: torch.Tensor, position: int | str = -1,
@@ -189,41 +237,41 @@ def final_residual(model: ToyTransformer, tokens: torch.Tensor, position: int | 
 @torch.no_grad()
 def validate_readout(model: ToyTransformer, resid: torch.Tensor, labels: torch.Tensor, core: ace.AceCore,
                      chance: float, ks: Sequence[int] | None = None, modes: Sequence[str] = ace.INTERVENTIONS,
-                     sufficient_tol: float = SUFFICIENT_TOL, necessary_tol: float = CHANCE_TOL) -> ace.CoreValidation:
-    """`ace.validate_core` at the last residual stream, computed from its activations (mean-centred).
+                     definition: ace.CoreDefinition = ace.BOOK, energy_rank: int | None = None) -> ace.CoreValidation:
+    """`ace.validate_core` at the last residual stream, computed from its activations.
 
     resid [..., D] are the clean activations at `final_hook` (every position that is scored);
     labels [...] the targets. Intervening there changes nothing upstream, so the intervened
-    logits are just `readout(intervened resid)`. Interventions are centred at core.mu (mean
-    ablations), as in `ace.validate_core(centered=True)`.
+    logits are just `readout(intervened resid)`. keep / remove act about core.mu (definition.centered)
+    or about the origin (the paper's), flip always about core.mu; modes not listed score NaN.
     """
     ks = list(range(1, core.rank + 1)) if ks is None else [int(k) for k in ks]
     if not ks or any(not 1 <= k <= core.rank for k in ks):
         raise ValueError(f"ks={ks!r} is not allowed; expected integers in [1, rank={core.rank}]")
+    bad = [m for m in modes if m not in ace.INTERVENTIONS]
+    if bad:
+        raise ValueError(f"modes {bad} are not allowed; expected some of {ace.INTERVENTIONS}")
     h = resid.reshape(-1, resid.shape[-1]).float()
     y = labels.reshape(-1)
     Q, mu = core.Q.float(), core.mu.float()
+    origin = mu if definition.centered else torch.zeros_like(mu)
 
     def acc(x):
         return (readout(model, x).argmax(-1) == y).float().mean().item()
 
     clean = acc(h)
-    if model.cfg.normalization is None:
-        scores = _affine_scores(model, h, y, Q, mu, ks, modes)
+    if affine_readout(model):
+        scores = _affine_scores(model, h, y, Q, mu, origin, ks, modes)
     else:
-        scores = {m: [acc(ace.apply_intervention(h, Q[:, :k], mu, m)) if m in modes else float("nan") for k in ks]
-                  for m in ace.INTERVENTIONS}
-    return ace.CoreValidation(ks=ks, clean=clean, keep=scores["keep"], remove=scores["remove"], flip=scores["flip"],
-                             chance=chance,
-                             sufficient_dim=ace.sufficient_dimension(ks, scores["keep"], clean, sufficient_tol)
-                             if "keep" in modes else None,
-                             necessary_dim=ace.necessary_dimension(ks, scores["remove"], chance, necessary_tol)
-                             if "remove" in modes else None,
-                             centered=True)
+        scores = {m: [acc(ace.apply_intervention(h, Q[:, :k], mu if m == "flip" else origin, m)) if m in modes
+                      else float("nan") for k in ks] for m in ace.INTERVENTIONS}
+    return ace.core_validation(ks, clean, scores, chance, definition, energy_rank)
 
 
-def readout_jacobians(model: ToyTransformer, resid: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
-    """d centred_logits / d resid for every row of resid [N, D] -> [N, n_out, D].
+def readout_jacobians(model: ToyTransformer, resid: torch.Tensor, outputs: str = "centred",
+                      chunk: int = 8192) -> torch.Tensor:
+    """d task outputs / d resid for every row of resid [N, D] -> [N, n_out, D]; outputs "raw" or
+    "centred" logits.
 
     At the last residual stream only the readout (final LayerNorm, unembedding) lies downstream, so
     the Jacobian of the task outputs is the readout's Jacobian, computed per row with torch.func
@@ -231,55 +279,71 @@ def readout_jacobians(model: ToyTransformer, resid: torch.Tensor, chunk: int = 8
     """
     from torch.func import jacrev, vmap
 
+    if outputs not in ace.OUTPUTS:
+        raise ValueError(f"outputs={outputs!r} is not allowed; expected one of {ace.OUTPUTS}")
+    post = centred_logits if outputs == "centred" else (lambda z: z)
+
     def f(h):
-        return centred_logits(readout(model, h[None])[0])
+        return post(readout(model, h[None])[0])
 
     with torch.no_grad():
-        if model.cfg.normalization is None:  # an affine readout: one Jacobian for every row
+        if affine_readout(model):  # one Jacobian for every row
             return jacrev(f)(resid[0].float()).expand(resid.shape[0], -1, -1)
         out = [vmap(jacrev(f))(resid[i:i + chunk].float()) for i in range(0, resid.shape[0], chunk)]
     return torch.cat(out)
 
 
 @torch.no_grad()
-def _affine_scores(model, h, y, Q, mu, ks, modes) -> dict[str, list[float]]:
+def _affine_scores(model, h, y, Q, mu, origin, ks, modes) -> dict[str, list[float]]:
     """keep / remove / flip accuracies for every k when the readout is affine (no final LayerNorm).
 
-    logits(h) = h W_U + b_U, so with z = (h - mu) Q and u_j = q_j W_U the intervened logits are rank-one
-    updates: keep_k = logits(mu) + sum_{j<=k} z_j u_j, remove_k = logits(h) - sum_{j<=k} z_j u_j,
-    flip_k = logits(h) - 2 sum_{j<=k} z_j u_j. One pass over k instead of one readout per k.
+    logits(h) = h W_U + b_U, so with z = (h - o) Q and u_j = q_j W_U the intervened logits are rank-one
+    updates: keep_k = logits(o) + sum_{j<=k} z_j u_j, remove_k = logits(h) - sum_{j<=k} z_j u_j, with o the
+    origin of keep / remove; flip_k = logits(h) - 2 sum_{j<=k} z'_j u_j with z' = (h - mu) Q. One pass over
+    k instead of one readout per k.
     """
     W = model.W_U.float()
-    z = (h - mu) @ Q  # [N, K]
     U = Q.T @ W  # [K, n_out]
+    z = (h - origin) @ Q  # [N, K]
+    zf = (h - mu) @ Q
     full = readout(model, h)
-    base = readout(model, mu[None])
+    base = readout(model, origin[None])
     part = torch.zeros_like(full)
+    part_f = torch.zeros_like(full)
     wanted = set(ks)
-    scores = {m: [] for m in ace.INTERVENTIONS}
+    scores = {m: {} for m in ace.INTERVENTIONS}
     for j in range(max(ks)):
         part += z[:, j:j + 1] * U[j]
+        part_f += zf[:, j:j + 1] * U[j]
         if j + 1 not in wanted:
             continue
-        for m, logits in (("keep", base + part), ("remove", full - part), ("flip", full - 2 * part)):
-            scores[m].append((logits.argmax(-1) == y).float().mean().item() if m in modes else float("nan"))
-    order = sorted(wanted)
-    return {m: [v[order.index(k)] for k in ks] for m, v in scores.items()}
+        for m, logits in (("keep", base + part), ("remove", full - part), ("flip", full - 2 * part_f)):
+            scores[m][j + 1] = (logits.argmax(-1) == y).float().mean().item() if m in modes else float("nan")
+    return {m: [v[k] for k in ks] for m, v in scores.items()}
 
 
 def ace_final(model: ToyTransformer, tokens: torch.Tensor, position: int | str = -1,
-              energy_threshold: float = 0.99, rank: int | None = None, batch_size: int = 4096):
-    """(core, inputs) of ACE at the last residual stream, task outputs = centred logits.
+              definition: ace.CoreDefinition = ace.BOOK, rank: int | None = None, batch_size: int = 4096):
+    """(core, inputs) of ACE at the last residual stream, with the definition's task outputs (raw or
+    centred logits) and energy threshold (unless `rank` fixes the rank).
 
     With position='all' every position of every sequence is a sample (sequence-major rows).
     """
     acts = final_residual(model, tokens, position=position, batch_size=batch_size)
     n_pos = acts.shape[1] if position == "all" else 1
     acts = acts.reshape(-1, acts.shape[-1])
-    inputs = ace.AceInputs(activations=acts, jacobians=readout_jacobians(model, acts),
+    inputs = ace.AceInputs(activations=acts, jacobians=readout_jacobians(model, acts, definition.outputs),
                            n_sequences=tokens.shape[0], n_positions=n_pos)
-    core = ace.extract_core(inputs.activations, inputs.jacobians, energy_threshold=energy_threshold, rank=rank)
+    core = ace.extract_core(inputs.activations, inputs.jacobians, energy_threshold=definition.energy_threshold,
+                            rank=rank)
     return core, inputs
+
+
+def validation_ks(model: ToyTransformer, core: ace.AceCore, n_modes: int) -> list[int]:
+    """The ranks k to validate: every ACE mode when the readout is affine (each k costs a rank-one
+    update), else up to 2 r + 4 (each k costs one readout through the final LayerNorm)."""
+    top = n_modes if affine_readout(model) else min(n_modes, 2 * core.rank + 4)
+    return list(range(1, top + 1))
 
 
 # --------------------------------------------------------------------------- Markov chains
@@ -299,36 +363,56 @@ def next_token_accuracy(pools: dict[str, Batch], prefix: str = "acc_"):
     return evaluate
 
 
+# The two setups of the Markov experiment: the paper's layer and definitions (judged), and the book's
+# first choices (shown beside them). "paper": PyTorch's default encoder layer (post-LN, dropout in
+# training), ACE on the raw logits at the energy threshold of the notebook (0.999 in the paper),
+# uncentred keep / remove, the paper's sufficient / necessary dimensions. "book": pre-LN with a final
+# LayerNorm, no dropout, ACE on the centred logits at 0.99, mean ablations, the book's tolerances.
+MARKOV_SETUPS = ("paper", "book")
+
+
 @dataclass
 class MarkovExperiment:
+    setup: str
     chain: MarkovChain
     task: MarkovSequences
     model_config: ToyConfig
     train_config: TrainConfig
+    definition: ace.CoreDefinition
     run: Run | None = None
 
 
-def markov_setup(cfg) -> MarkovExperiment:
+def _check_setup(setup: str) -> None:
+    if setup not in MARKOV_SETUPS:
+        raise ValueError(f"setup={setup!r} is not allowed; expected one of {MARKOV_SETUPS}")
+
+
+def markov_setup(cfg, setup: str = "paper") -> MarkovExperiment:
     """Chain, data, model and training configs from a notebook's Params (see profiles.yml)."""
+    _check_setup(setup)
     chain = MarkovChain.circulant(cfg.markov_states, cfg.markov_stay)
     task = MarkovSequences(chain, n_train=cfg.markov_n_train, n_test=cfg.markov_n_test, length=cfg.markov_length,
                            data_seed=0)
+    layer = dict(normalization="postLN", dropout=cfg.markov_dropout) if setup == "paper" \
+        else dict(normalization="LN", dropout=0.0)
     model_cfg = ToyConfig(d_vocab=chain.n_states, n_ctx=cfg.markov_length - 1, d_model=cfg.markov_d_model,
-                          n_layers=1, n_heads=cfg.markov_n_heads, d_mlp=cfg.markov_d_mlp, normalization="LN")
+                          n_layers=1, n_heads=cfg.markov_n_heads, d_mlp=cfg.markov_d_mlp, **layer)
+    definition = with_threshold(ace.PAPER, cfg.energy_threshold) if setup == "paper" else ace.BOOK
     steps = epochs_to_steps(cfg.markov_epochs, len(task), cfg.markov_batch)
     train_cfg = TrainConfig(steps=steps, batch_size=cfg.markov_batch, seeds=tuple(cfg.markov_seeds), lr=cfg.markov_lr,
                             weight_decay=0.0, eval_every=max(1, steps // 20), log_checkpoints=8)
-    return MarkovExperiment(chain, task, model_cfg, train_cfg)
+    return MarkovExperiment(setup, chain, task, model_cfg, train_cfg, definition)
 
 
-def train_markov(cfg) -> MarkovExperiment:
-    """Train (or load) the Markov ensemble: one member per seed, one shared training set."""
-    exp = markov_setup(cfg)
+def train_markov(cfg, setup: str = "paper") -> MarkovExperiment:
+    """Train (or load) one setup's Markov ensemble: one member per seed, one shared training set."""
+    exp = markov_setup(cfg, setup)
     test = exp.task.test
     n_eval = min(len(test.tokens), cfg.markov_eval_sequences)
     evaluate = next_token_accuracy({"train": Batch(exp.task.tokens[:n_eval], exp.task.labels[:n_eval]),
                                     "test": Batch(test.tokens[:n_eval], test.labels[:n_eval])})
-    exp.run = _train("algorithmic_cores/markov", exp.model_config, exp.task, exp.train_config, evaluate=evaluate)
+    name = "algorithmic_cores/markov" if setup == "paper" else f"algorithmic_cores/markov_{setup}"
+    exp.run = _train(name, exp.model_config, exp.task, exp.train_config, evaluate=evaluate)
     return exp
 
 
@@ -345,18 +429,23 @@ class MarkovMember:
     accuracy: float
     core: ace.AceCore
     validation: ace.CoreValidation
-    coords: torch.Tensor  # [S, T, r] core coordinates of the analysis sequences
+    coords: torch.Tensor  # [S, T, r] core coordinates of the extraction sequences
+    activations: torch.Tensor  # [S * T, D] the extraction activations (sequence-major)
     operator: ace.CoreOperator
-    eig_rel_error: float
+    eig_errors: np.ndarray  # relative error of each non-unit eigenvalue of P (order of chain.eigenvalues()[1:])
+    slow_error: float  # largest error over the slowest non-unit eigenvalues (the 0.75 +- 0.25i pair)
+    fast_error: float  # largest error over the others (0.5); nan if there are none
     op_coords: torch.Tensor  # [S, T, n_states - 1] the coordinates the operator was fitted on
     states: torch.Tensor  # [S, T] the current state at each of those positions
 
+    @property
+    def eig_rel_error(self) -> float:
+        return float(np.max(self.eig_errors)) if self.eig_errors.size else float("nan")
 
-def eig_relative_error(estimated: torch.Tensor, reference: torch.Tensor) -> float:
-    """max_i |est_i - ref_i| / |ref_i| after matching the two sets of (complex) eigenvalues optimally.
 
-    Needs len(estimated) >= len(reference); the best-matching subset of `estimated` is used.
-    """
+def matched_eig_errors(estimated, reference) -> np.ndarray:
+    """|est - ref| / |ref| for each reference eigenvalue, after matching the two sets of (complex)
+    eigenvalues optimally (Hungarian assignment on the relative errors; extra estimates are unused)."""
     from scipy.optimize import linear_sum_assignment
 
     est = np.asarray(torch.as_tensor(estimated).to(torch.complex128))
@@ -365,38 +454,69 @@ def eig_relative_error(estimated: torch.Tensor, reference: torch.Tensor) -> floa
         raise ValueError(f"need at least as many estimated ({est.size}) as reference ({ref.size}) eigenvalues")
     cost = np.abs(est[:, None] - ref[None, :]) / np.abs(ref)[None, :]
     rows, cols = linear_sum_assignment(cost)
-    return float(cost[rows, cols].max())
+    out = np.empty(ref.size)
+    out[cols] = cost[rows, cols]
+    return out
 
 
-def markov_member_analysis(exp: MarkovExperiment, member: int, n_sequences: int = 500,
-                           energy_threshold: float = 0.99) -> MarkovMember:
+def eig_relative_error(estimated: torch.Tensor, reference: torch.Tensor) -> float:
+    """max_i |est_i - ref_i| / |ref_i| after matching the two sets of eigenvalues optimally."""
+    return float(matched_eig_errors(estimated, reference).max())
+
+
+def slow_modes(reference: torch.Tensor) -> np.ndarray:
+    """A mask of the slowest reference eigenvalues: those of the largest modulus (to 1e-9)."""
+    mod = np.abs(np.asarray(torch.as_tensor(reference).to(torch.complex128)))
+    return np.abs(mod - mod.max()) < 1e-9
+
+
+def markov_model_analysis(model: ToyTransformer, chain: MarkovChain, tokens: torch.Tensor, labels: torch.Tensor,
+                          n_sequences: int, definition: ace.CoreDefinition, member: int = 0,
+                          seed: int = 0) -> MarkovMember:
     """ACE on one Markov model at its last residual stream, every position a sample.
 
-    The core is extracted on the first n_sequences test sequences and validated (keep / remove /
-    flip, every k up to the rank) on the next n_sequences, so the causal test uses inputs the
+    The core is extracted on the first n_sequences of `tokens` and validated (keep / remove / flip,
+    every k that `validation_ks` allows) on the next n_sequences, so the causal test uses inputs the
     extraction never saw. The operator is fitted on the extraction sequences' core coordinates,
     position t -> t + 1, with an intercept, on the first (n_states - 1) core directions: the
     dynamics of a chain live in the n_states - 1 dimensions orthogonal to the stationary state.
     """
-    model = exp.run.model(member)
-    test = exp.task.test
-    n = min(n_sequences, len(test.tokens) // 2)
-    fit_tokens, val_tokens, val_labels = test.tokens[:n], test.tokens[n:2 * n], test.labels[n:2 * n]
-    core, inputs = ace_final(model, fit_tokens, position="all", energy_threshold=energy_threshold)
+    n = min(n_sequences, len(tokens) // 2)
+    if n < 2:
+        raise ValueError(f"need at least 4 sequences (2 to extract, 2 to validate); got {len(tokens)}")
+    fit_tokens, val_tokens, val_labels = tokens[:n], tokens[n:2 * n], labels[n:2 * n]
+    core, inputs = ace_final(model, fit_tokens, position="all", definition=definition)
     val_resid = final_residual(model, val_tokens, position="all")
-    full = ace.extract_core(inputs.activations, inputs.jacobians, rank=min(core.sigma.numel(), 2 * core.rank + 4))
-    validation = validate_readout(model, val_resid, val_labels, full, chance=1 / exp.chain.n_states)
-    m = exp.chain.n_states - 1
+    n_modes = core.sigma.numel()
+    ks = validation_ks(model, core, n_modes)
+    full = ace.extract_core(inputs.activations, inputs.jacobians, rank=max(ks))
+    validation = validate_readout(model, val_resid, val_labels, full, chance=1 / chain.n_states, ks=ks,
+                                  definition=definition, energy_rank=core.rank)
+    m = chain.n_states - 1
     op_core = full.truncate(min(m, full.rank))
     coords = op_core.coordinates(inputs.activations).reshape(n, -1, op_core.rank)
     operator = ace.fit_core_operator(coords, intercept=True)
-    reference = exp.chain.eigenvalues()[1:]  # drop the eigenvalue 1 (the stationary direction)
-    err = eig_relative_error(operator.eigenvalues, reference) if op_core.rank >= len(reference) else float("nan")
+    reference = chain.eigenvalues()[1:]  # drop the eigenvalue 1 (the stationary direction)
+    if op_core.rank >= len(reference):
+        errors = matched_eig_errors(operator.eigenvalues, reference)
+    else:
+        errors = np.full(len(reference), float("nan"))
+    slow = slow_modes(reference)
     with torch.no_grad():
         acc = (model(val_tokens).argmax(-1) == val_labels).float().mean().item()
-    return MarkovMember(member=member, seed=exp.train_config.seeds[member], accuracy=acc, core=core,
-                        validation=validation, coords=core.coordinates(inputs.activations).reshape(n, -1, core.rank),
-                        operator=operator, eig_rel_error=err, op_coords=coords, states=fit_tokens)
+    return MarkovMember(member=member, seed=seed, accuracy=acc, core=core, validation=validation,
+                        coords=core.coordinates(inputs.activations).reshape(n, -1, core.rank),
+                        activations=inputs.activations, operator=operator, eig_errors=errors,
+                        slow_error=float(errors[slow].max()),
+                        fast_error=float(errors[~slow].max()) if (~slow).any() else float("nan"),
+                        op_coords=coords, states=fit_tokens)
+
+
+def markov_member_analysis(exp: MarkovExperiment, member: int, n_sequences: int = 500) -> MarkovMember:
+    """`markov_model_analysis` of one trained member on the held-out test sequences."""
+    test = exp.task.test
+    return markov_model_analysis(exp.run.model(member), exp.chain, test.tokens, test.labels, n_sequences,
+                                 exp.definition, member=member, seed=exp.train_config.seeds[member])
 
 
 def state_conditional_operator(coords: torch.Tensor, states: torch.Tensor, n_states: int
@@ -419,22 +539,98 @@ def state_conditional_operator(coords: torch.Tensor, states: torch.Tensor, n_sta
     return ace.fit_core_operator(zs, intercept=True), frac
 
 
+def eigen_label(value: complex) -> str:
+    """'0.75+0.25i' or '0.50': a short label of an eigenvalue."""
+    value = complex(value)
+    return f"{value.real:.2f}{value.imag:+.2f}i" if abs(value.imag) > 1e-9 else f"{value.real:.2f}"
+
+
+def operator_diagnostic(members: Sequence[MarkovMember], chain: MarkovChain) -> pd.DataFrame:
+    """Per member, the relative error of each non-unit eigenvalue of P in the plain operator fit and in
+    the state-mean fit (`state_conditional_operator`), and the share of the core's variance that the
+    current state does not explain."""
+    ref = chain.eigenvalues()[1:]
+    rows = []
+    for m in members:
+        diag, frac = state_conditional_operator(m.op_coords, m.states, chain.n_states)
+        for name, op in (("plain fit", m.operator), ("state-mean fit", diag)):
+            ok = len(op.eigenvalues) >= len(ref)
+            errors = matched_eig_errors(op.eigenvalues, ref) if ok else np.full(len(ref), np.nan)
+            rows.append({"seed": m.seed, "fit": name, "not explained by the current state": frac,
+                         **{f"error at {eigen_label(e)}": float(err) for e, err in zip(ref.numpy(), errors)}})
+    return pd.DataFrame(rows)
+
+
+def random_subspace_overlap(dim: int, rank_a: int, rank_b: int, n_draws: int = 500, seed: int = 0) -> float:
+    """Mean projector overlap of two independent uniformly random subspaces of R^dim (ranks rank_a, rank_b)."""
+    gen = torch.Generator().manual_seed(seed)
+    vals = [projector_overlap(torch.randn(dim, rank_a, generator=gen, dtype=torch.float64),
+                              torch.randn(dim, rank_b, generator=gen, dtype=torch.float64)) for _ in range(n_draws)]
+    return float(np.mean(vals))
+
+
+def random_projection_cca(acts_a: torch.Tensor, acts_b: torch.Tensor, rank_a: int, rank_b: int,
+                          n_draws: int = 20, seed: int = 0) -> tuple[float, float]:
+    """The CCA baseline of random subspaces: (mean top, mean of the mean canonical correlation) between
+    the two models' activations projected on random subspaces of ranks rank_a, rank_b, same inputs."""
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.as_tensor(acts_a, dtype=torch.float64)
+    b = torch.as_tensor(acts_b, dtype=torch.float64)
+    tops, means = [], []
+    for _ in range(n_draws):
+        Ra = torch.linalg.qr(torch.randn(a.shape[1], rank_a, generator=gen, dtype=torch.float64)).Q
+        Rb = torch.linalg.qr(torch.randn(b.shape[1], rank_b, generator=gen, dtype=torch.float64)).Q
+        res = cca(a @ Ra, b @ Rb)
+        tops.append(float(res.correlations[0]))
+        means.append(res.mean)
+    return float(np.mean(tops)), float(np.mean(means))
+
+
 def markov_pairs(exp: MarkovExperiment, members: Sequence[MarkovMember]) -> pd.DataFrame:
-    """Every pair of runs: projector overlap of the cores, CCA of the core coordinates on the
-    same inputs, cosine of the weight matrices, and the random-subspace overlap for reference."""
+    """Every pair of runs: projector overlap of the cores and CCA of the core coordinates on the same
+    inputs, each beside its random-subspace baseline (random subspaces of the same ranks), and the
+    cosine of the weight matrices after training and at initialisation (the random-init baseline)."""
     rows = []
     for i in range(len(members)):
         for j in range(i + 1, len(members)):
             a, b = members[i], members[j]
-            D = a.core.dim
-            ca = a.coords.reshape(-1, a.core.rank)
-            cb = b.coords.reshape(-1, b.core.rank)
+            ra, rb = a.core.rank, b.core.rank
+            res = cca(a.coords.reshape(-1, ra), b.coords.reshape(-1, rb))
+            rand_top, rand_mean = random_projection_cca(a.activations, b.activations, ra, rb, seed=1000 * i + j)
             rows.append({"pair": f"{a.seed} vs {b.seed}", "overlap": projector_overlap(a.core, b.core),
-                         "random_overlap": math.sqrt(a.core.rank * b.core.rank) / D,
-                         "cca_mean": cca(ca, cb).mean, "cca_min": float(cca(ca, cb).correlations.min()),
+                         "random_overlap": random_subspace_overlap(a.core.dim, ra, rb, seed=1000 * i + j),
+                         "cca_top": float(res.correlations[0]), "cca_mean": res.mean,
+                         "cca_min": float(res.correlations.min()),
+                         "random_cca_top": rand_top, "random_cca_mean": rand_mean,
                          "weight_cosine": weight_cosine(weight_matrices(exp.run.model(a.member)),
-                                                        weight_matrices(exp.run.model(b.member))).overall})
+                                                        weight_matrices(exp.run.model(b.member))).overall,
+                         "init_weight_cosine": weight_cosine(weight_matrices(exp.run.model(a.member, step=0)),
+                                                             weight_matrices(exp.run.model(b.member, step=0))).overall})
     return pd.DataFrame(rows)
+
+
+def markov_claim_values(exp: MarkovExperiment, members: Sequence[MarkovMember], pairs: pd.DataFrame) -> dict:
+    """The AC-1..AC-4 measurements of one setup: per-seed lists (one value per member) or scalars
+    over the pairs of members. Dimensions use the setup's definition (`exp.definition`)."""
+    ceiling = exp.chain.ceiling_accuracy()
+    return {
+        "acc_over_ceiling": [m.accuracy / ceiling for m in members],
+        "max_weight_cosine": float(pairs["weight_cosine"].abs().max()),
+        "init_weight_cosine": float(pairs["init_weight_cosine"].abs().max()),
+        "core_dim": [float(m.core.rank) for m in members],
+        "sufficient_dim": [dim_value(m.validation.sufficient_dim) for m in members],
+        "necessary_dim": [dim_value(m.validation.necessary_dim) for m in members],
+        "keep_at_rank": [m.validation.keep[m.core.rank - 1] / m.validation.clean for m in members],
+        "remove_at_rank": [m.validation.remove[m.core.rank - 1] for m in members],
+        "overlap_mean": float(pairs["overlap"].mean()),
+        "random_overlap": float(pairs["random_overlap"].mean()),
+        "cca_top": float(pairs["cca_top"].mean()),
+        "cca_mean": float(pairs["cca_mean"].mean()),
+        "random_cca_top": float(pairs["random_cca_top"].mean()),
+        "random_cca_mean": float(pairs["random_cca_mean"].mean()),
+        "slow_pair_error": [m.slow_error for m in members],
+        "fast_mode_error": [m.fast_error for m in members],
+    }
 
 
 # --------------------------------------------------------------------------- grokking
@@ -450,9 +646,7 @@ class GrokkingExperiment:
 
 def modular_model_config(p: int, n_layers: int, d_model: int, n_heads: int, d_mlp: int) -> ToyConfig:
     """The grokking transformer: `a b =` -> (a + b) mod p at the last position; biases, learned
-    positions, ReLU MLP, no LayerNorm (as in the usual grokking setups). With LayerNorm and AdamW at
-    weight decay 1 our calibration runs showed repeated loss spikes after memorisation (train
-    accuracy collapsing to chance and recovering), which blur tau_mem and tau_grok."""
+    positions, ReLU MLP, no LayerNorm (PAPERS.md does not say; the usual grokking setups have none)."""
     return ToyConfig(d_vocab=p + 1, n_ctx=3, d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_mlp=d_mlp,
                      d_vocab_out=p, normalization=None)
 
@@ -463,7 +657,7 @@ def grokking_setup(cfg) -> GrokkingExperiment:
     steps = epochs_to_steps(cfg.grok_epochs, len(task), cfg.grok_batch)
     every = epochs_to_steps(cfg.grok_checkpoint_every_epochs, len(task), cfg.grok_batch)
     train_cfg = TrainConfig(steps=steps, batch_size=cfg.grok_batch, seeds=tuple(cfg.grok_seeds), lr=cfg.grok_lr,
-                            weight_decay=cfg.grok_wd, eval_every=max(1, min(every, steps // 100) // 1),
+                            weight_decay=cfg.grok_wd, eval_every=max(1, min(every, steps // 100)),
                             checkpoint_every=every, log_checkpoints=12)
     return GrokkingExperiment(task, model_cfg, train_cfg)
 
@@ -518,10 +712,18 @@ def auto_fork_step(run: Run, member_times: pd.DataFrame) -> int:
     return ckpts[0]
 
 
+def choose_fork_step(exp: GrokkingExperiment, fork_epoch: int | None, member_times: pd.DataFrame) -> int:
+    """The checkpoint the weight-decay-0 branch forks from: the last checkpoint at or before
+    `fork_epoch` (the paper's 900), or `auto_fork_step` when fork_epoch is None."""
+    if fork_epoch is None:
+        return auto_fork_step(exp.run, member_times)
+    target = epochs_to_steps(fork_epoch, len(exp.task), exp.train_config.batch_size)
+    ckpts = exp.run.checkpoint_steps()
+    return max([s for s in ckpts if 0 < s <= target] or [ckpts[1]])
+
+
 def train_wd0_branch(exp: GrokkingExperiment, fork_step: int) -> GrokkingExperiment:
     """Fork every member at `fork_step` and continue with weight decay 0 to the same final step."""
-    from dataclasses import replace
-
     tc = replace(exp.train_config, weight_decay=0.0)
     exp.fork_step = fork_step
     exp.branch = _train("algorithmic_cores/grokking_wd0", exp.model_config, exp.task, tc,
@@ -547,36 +749,50 @@ def shift_operator(core: ace.AceCore, activations: torch.Tensor, p: int) -> ace.
     return ace.fit_core_operator(shift_sequences(core.coordinates(activations), p), intercept=True)
 
 
-def modular_core_at(model: ToyTransformer, task: ModularAddition, energy_threshold: float = 0.99,
-                    max_rank: int | None = None) -> dict:
+def modular_core_at(model: ToyTransformer, task: ModularAddition, definition: ace.CoreDefinition = ace.PAPER,
+                    alternative: ace.CoreDefinition | None = None, max_rank: int | None = None) -> dict:
     """ACE of one modular-addition model at its last residual stream (last position), all p^2 inputs.
 
-    Returns the energy rank r, the sufficient and necessary dimensions (keep / remove for every k
-    up to max_rank, default the activation dimension), keep accuracy at r relative to clean, and
-    the shift operator's eigenvalues in the r-dimensional core.
+    Returns, under `definition`: the energy rank r, the sufficient and necessary dimensions (keep /
+    remove for every k up to max_rank, default every ACE mode; inf where no k qualifies), keep
+    accuracy at r relative to clean, remove accuracy at r, and the shift operator's eigenvalues in
+    the r-dimensional core. With `alternative`, its rank and dimensions too (prefixed "alt_").
     """
-    tokens, labels = task.all.tokens, task.all.labels
-    core, inputs = ace_final(model, tokens, position=-1, energy_threshold=energy_threshold, batch_size=4096)
-    n_modes = core.sigma.numel()
-    full = ace.extract_core(inputs.activations, inputs.jacobians,
-                            rank=min(n_modes, max_rank or inputs.activations.shape[1]))
-    val = validate_readout(model, inputs.activations, labels, full, chance=1 / task.p, modes=("keep", "remove"))
-    k = min(core.rank, full.rank)
+    out = _modular_dims(model, task, definition, max_rank)
+    core, inputs = out.pop("core"), out.pop("inputs")
     op = shift_operator(core, inputs.activations, task.p)
-    return {"rank": core.rank, "sufficient_dim": val.sufficient_dim, "necessary_dim": val.necessary_dim,
-            "clean_acc": val.clean, "keep_acc_at_rank": val.keep[k - 1], "remove_acc_at_rank": val.remove[k - 1],
-            "keep_ratio_at_rank": val.keep[k - 1] / max(val.clean, 1e-12),
-            "eigenvalues": op.eigenvalues, "unit_circle_deviation": unit_circle_deviation(op.eigenvalues),
-            "operator_r2": op.r2, "validation": val, "core": core}
+    out.update({"eigenvalues": op.eigenvalues, "unit_circle_deviation": unit_circle_deviation(op.eigenvalues),
+                "operator_r2": op.r2, "core": core})
+    if alternative is not None:
+        alt = _modular_dims(model, task, alternative, max_rank)
+        out.update({f"alt_{k}": alt[k] for k in ("rank", "sufficient_dim", "necessary_dim")})
+    return out
+
+
+def _modular_dims(model, task, definition, max_rank) -> dict:
+    tokens, labels = task.all.tokens, task.all.labels
+    core, inputs = ace_final(model, tokens, position=-1, definition=definition, batch_size=4096)
+    n_modes = core.sigma.numel()
+    top = min(n_modes, max_rank or n_modes)
+    full = ace.extract_core(inputs.activations, inputs.jacobians, rank=top)
+    val = validate_readout(model, inputs.activations, labels, full, chance=1 / task.p, modes=("keep", "remove"),
+                           definition=definition, energy_rank=core.rank)
+    k = min(core.rank, full.rank)
+    return {"rank": core.rank, "sufficient_dim": dim_value(val.sufficient_dim),
+            "necessary_dim": dim_value(val.necessary_dim), "clean_acc": val.clean,
+            "keep_acc_at_rank": val.keep[k - 1], "remove_acc_at_rank": val.remove[k - 1],
+            "keep_ratio_at_rank": val.keep[k - 1] / max(val.clean, 1e-12), "validation": val, "core": core,
+            "inputs": inputs}
 
 
 def core_trajectory(run: Run, task: ModularAddition, steps: Sequence[int], member: int = 0,
-                    energy_threshold: float = 0.99) -> pd.DataFrame:
+                    definition: ace.CoreDefinition = ace.PAPER,
+                    alternative: ace.CoreDefinition | None = None) -> pd.DataFrame:
     """`modular_core_at` at each checkpoint step of one member, with that step's accuracies."""
     metrics = run.metrics()
     rows = []
     for step in steps:
-        res = modular_core_at(run.model(member, step), task, energy_threshold)
+        res = modular_core_at(run.model(member, step), task, definition, alternative)
         m = metrics[(metrics.member == member) & (metrics.step <= step)].sort_values("step").iloc[-1]
         rows.append({"step": int(step), "member": member, "acc_train": m["acc_train"], "acc_test": m["acc_test"],
                      **{k: v for k, v in res.items() if k not in ("validation", "core", "eigenvalues")},
@@ -625,9 +841,33 @@ def fit_power_law(x, y, level: float = 0.95, n_boot: int = 2000, seed: int = 0) 
         if np.unique(lx[idx]).size < 2:
             continue
         slopes.append(np.polyfit(lx[idx], ly[idx], 1)[0])
-    lo, hi = np.percentile(slopes, [50 * (1 - level), 50 * (1 + level)])
+    lo, hi = np.percentile(slopes, [50 * (1 - level), 50 * (1 + level)]) if slopes else (float("nan"),) * 2
     return PowerLawFit(exponent=float(res.slope), prefactor=float(np.exp(res.intercept)), ci=(float(ci[0]), float(ci[1])),
                        boot_ci=(float(lo), float(hi)), r2=float(res.rvalue ** 2), n=n, level=level)
+
+
+def fit_power_law_or_none(x, y, n_boot: int = 2000) -> PowerLawFit | None:
+    """`fit_power_law`, or None where too few points grokked to fit (fewer than 3, or one x)."""
+    try:
+        return fit_power_law(x, y, n_boot=n_boot)
+    except ValueError:
+        return None
+
+
+def per_seed_exponents(times: pd.DataFrame, x: str, y: str = "delay", seed: str = "seed",
+                       n_boot: int = 200) -> pd.DataFrame:
+    """One power-law fit of y against x per seed (each seed's points across the sweep).
+
+    Rows: seed, exponent (nan where the seed grokked at fewer than 3 sweep points), the number of
+    points fitted and the fit's 95% t-interval. The scorecard judges the median over seeds.
+    """
+    rows = []
+    for s, g in times.groupby(seed, sort=True):
+        fit = fit_power_law_or_none(g[x], g[y], n_boot=n_boot)
+        rows.append({"seed": s, "exponent": fit.exponent if fit else float("nan"),
+                     "points": fit.n if fit else int((np.isfinite(g[y]) & (g[y] > 0)).sum()),
+                     "ci_low": fit.ci[0] if fit else float("nan"), "ci_high": fit.ci[1] if fit else float("nan")})
+    return pd.DataFrame(rows, columns=["seed", "exponent", "points", "ci_low", "ci_high"])
 
 
 def sweep_model_config(p: int, cfg) -> ToyConfig:
@@ -637,7 +877,7 @@ def sweep_model_config(p: int, cfg) -> ToyConfig:
 def train_omega_sweep(cfg) -> tuple[Run, pd.DataFrame]:
     """The weight-decay sweep at p = cfg.sweep_omega_p: one ensemble, one member per (omega, seed).
 
-    Returns the run and a member table (member, seed, omega)."""
+    Returns the run and a member table (member, seed_index, omega)."""
     task = ModularAddition(p=cfg.sweep_omega_p, train_fraction=cfg.sweep_train_fraction, split_seed=0)
     members = [(w, s) for w in cfg.sweep_omegas for s in cfg.sweep_omega_seeds]
     seeds = tuple(1000 * s + i for i, (w, s) in enumerate(members))  # distinct seeds per member
@@ -669,16 +909,6 @@ def train_p_sweep(cfg) -> dict[int, Run]:
 def agreement_margin(singular_id: int, plural_id: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """Task output for ACE: logit(" is") - logit(" are") at the read-out position, [B]."""
     return lambda logits: logits[:, singular_id] - logits[:, plural_id]
-
-
-def agreement_metric(singular_id: int, plural_id: int) -> Callable[[torch.Tensor, torch.Tensor], float]:
-    """Agreement accuracy: the sign of the last-position margin matches the label (+1 / -1)."""
-
-    def metric(logits: torch.Tensor, labels: torch.Tensor) -> float:
-        margin = logits[:, -1, singular_id] - logits[:, -1, plural_id]
-        return (torch.sign(margin).cpu() == labels.cpu().sign()).float().mean().item()
-
-    return metric
 
 
 @torch.no_grad()
@@ -812,8 +1042,14 @@ class AgreementResult:
     coords: pd.Series  # 1-D core coordinate at the best layer, indexed by test prompt text
     generations: pd.DataFrame  # prompt, clean and flipped continuations, their verb numbers
     gen_flip_rate: float  # among generations whose clean and flipped continuations both have a verb
+    n_gen_compared: int = 0  # generations whose clean and flipped continuations both have an agreeing verb
     n_verb_first: int = 0  # test prompts whose clean greedy continuation starts with an agreeing verb
     n_verb_first_bare: int = 0  # the same without the generation context
+
+    @property
+    def best_depth(self) -> float:
+        """The best layer's relative depth, layer / (n_layers - 1): 0 the first layer, 1 the last."""
+        return self.best_layer / max(self.n_layers - 1, 1)
 
 
 def agreement_model_analysis(loaded, prompts, layer_stride: int = 1, n_generate: int = 6, gen_tokens: int = 6,
@@ -899,7 +1135,8 @@ def agreement_model_analysis(loaded, prompts, layer_stride: int = 1, n_generate:
     gen_flip = float((both.clean_verb != both.flipped_verb).mean()) if len(both) else float("nan")
     return AgreementResult(name=loaded.name, source=loaded.source, n_layers=loaded.n_layers, n_train=len(train),
                            n_test=len(test), per_layer=per_layer, best_layer=best_layer, best=best, coords=coords,
-                           generations=generations, gen_flip_rate=gen_flip, n_verb_first=int(sum(starts_with_verb)),
+                           generations=generations, gen_flip_rate=gen_flip, n_gen_compared=len(both),
+                           n_verb_first=int(sum(starts_with_verb)),
                            n_verb_first_bare=int(sum(bare_verb_first)))
 
 
@@ -944,12 +1181,34 @@ def grokking_summary(traj: pd.DataFrame, times: pd.DataFrame) -> pd.DataFrame:
                     "necessary at grokking": _num(post["necessary_dim"]), "necessary final": _num(final["necessary_dim"]),
                     "sufficient at grokking": _num(post["sufficient_dim"]),
                     "sufficient final": _num(final["sufficient_dim"]), "rank final": float(final["rank"])})
+        if "alt_rank" in post:
+            row.update({"alt rank at grokking": _num(post["alt_rank"]),
+                        "alt sufficient at grokking": _num(post["alt_sufficient_dim"]),
+                        "alt necessary at grokking": _num(post["alt_necessary_dim"])})
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def _num(x) -> float:
     return float("nan") if x is None or pd.isna(x) else float(x)
+
+
+def eigen_frequencies(eigenvalues, p: int) -> np.ndarray:
+    """|angle| x p / (2 pi) of each eigenvalue, sorted: integers k for the rotations e^{+-2 pi i k / p}
+    of a Fourier-feature algorithm."""
+    return np.sort(np.abs(np.angle(np.asarray(eigenvalues)))) * p / (2 * np.pi)
+
+
+def final_frequencies(traj: pd.DataFrame, p: int) -> pd.DataFrame:
+    """Per member, at its last trajectory checkpoint: the eigenvalue angles in units of 2 pi / p and
+    their largest distance to an integer."""
+    rows = []
+    for _, r in traj.sort_values("step").groupby("member").tail(1).iterrows():
+        k = eigen_frequencies(r["eigenvalues"], p)
+        rows.append({"member": int(r["member"]), "step": int(r["step"]), "angle x p / 2 pi": np.round(k, 2).tolist(),
+                     "frequencies": sorted({int(v) for v in np.round(k)}),
+                     "largest distance to an integer": float(np.abs(k - np.round(k)).max())})
+    return pd.DataFrame(rows)
 
 
 def dimension_growth(traj: pd.DataFrame, tau_grok: float) -> dict:
@@ -960,10 +1219,13 @@ def dimension_growth(traj: pd.DataFrame, tau_grok: float) -> dict:
     start = t[t.step >= tau_grok].iloc[0] if reached else t.iloc[0]
     end = t.iloc[-1]
 
-    def ratio(a, b):
+    def ratio(a, b):  # inf / inf and x / nan are undefined; x / inf = 0, inf / x = inf
         a, b = _num(a), _num(b)
-        return a / b if b and not math.isnan(a) and not math.isnan(b) else float("nan")
+        if not b or math.isnan(a) or math.isnan(b) or (math.isinf(a) and math.isinf(b)):
+            return float("nan")
+        return a / b
 
     return {"necessary growth": ratio(end["necessary_dim"], start["necessary_dim"]),
+            "necessary start": _num(start["necessary_dim"]), "necessary end": _num(end["necessary_dim"]),
             "sufficient ratio": ratio(end["sufficient_dim"], start["sufficient_dim"]),
             "from step": int(start["step"]), "to step": int(end["step"]), "from grokking": reached}
