@@ -102,3 +102,29 @@ def test_collect_grid_activations_on_toy_model():
         _, cache = model.run_with_cache(torch.tensor([[3, 5, p]]))
     assert torch.allclose(grid[3, 5], cache["blocks.1.mlp.hook_pre"][0, -1], atol=1e-6)
     assert fourier.fit_single_frequency(grid).best_frequency.shape == (24,)
+
+
+def test_summarise_grid_key_frequencies_beat_random_ones(planted_grid):
+    grid, _ = planted_grid
+    six = grid[..., :6]  # the pure neurons: every one is fitted exactly by its own frequency
+    s = fourier.summarise_grid(six, power_fraction=0.9, n_random=4, seed=1)
+    assert s.key_frequencies == [9, 17, 21]
+    assert s.median_single_r2 == pytest.approx(1.0, abs=1e-9) and s.median_multi_r2 == pytest.approx(1.0, abs=1e-9)
+    # a pure neuron's R^2 on random frequencies is 1 if they include its own, else 0 exactly (the
+    # frequencies are orthogonal on the grid); the baseline is the median over neurons, mean over draws
+    own = torch.tensor([k for k, *_ in planted_grid[1]])
+    expected = []
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        drawn = torch.randperm(N // 2, generator=gen)[:3] + 1
+        expected.append(float(torch.isin(own, drawn).double().median()))
+    assert s.random_frequencies_r2 == pytest.approx(sum(expected) / 4, abs=1e-9)
+    with pytest.raises(ValueError, match="n_random"):
+        fourier.summarise_grid(six, n_random=0)
+
+
+def test_summarise_grid_of_noise_needs_many_frequencies():
+    noise = torch.randn(N, N, 12, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    s = fourier.summarise_grid(noise, power_fraction=0.8)
+    assert len(s.key_frequencies) >= 20  # no few frequencies carry the power of noise
+    assert s.median_single_r2 < 0.01

@@ -1,5 +1,7 @@
-"""Known-answer tests of the assign_add experiment definitions (phase detection, thresholds,
-attention and QK measures, the QK gradient, probes, sweep plumbing)."""
+"""Known-answer tests of the assign_add experiment definitions: the phase detector on curves with
+known jumps, the AA-8 pipeline on residuals built to be identical, the AA-9 pipeline on a model with
+planted Fourier neurons, the AA-12 theory block on hand-made sequences, attention measures on
+hand-built patterns, released runs read from a directory of step checkpoints."""
 import math
 from types import SimpleNamespace
 
@@ -9,89 +11,246 @@ import pytest
 import torch
 
 import circuitbook as cb
+from circuitbook.analysis import attention, fourier
 from circuitbook.experiments import assign_add as ea
-from circuitbook.tasks.assign_add import AssignAddTask, N_VARS, PREFIX_LEN
+from circuitbook.tasks.assign_add import N_VARS, AssignAddTask
 
 TASK = AssignAddTask()
 TINY = cb.ToyConfig(d_vocab=74, n_ctx=16, d_model=16, n_layers=2, n_heads=1, d_mlp=32, mlp=(False, True),
                     bias=False, d_vocab_out=59)
 
 
-def sigmoid(x, centre, width, lo=0.0, hi=1.0):
-    return lo + (hi - lo) / (1 + np.exp(-(np.asarray(x, float) - centre) / width))
+def params(**kw):
+    """A stand-in for Params: attribute and .get access."""
+    return SimpleNamespace(**kw, get=lambda k, d=None: kw.get(k, d))
 
 
-# ----------------------------------------------------------------- curves
+# ----------------------------------------------------------------- phases on curves with known answers
 
-def test_crossing_step_interpolates():
-    assert ea.crossing_step([0, 100, 200], [0.0, 0.5, 1.0], 0.75) == pytest.approx(150)
-    assert ea.crossing_step([0, 100], [0.95, 1.0], 0.9) == 0
-    assert math.isnan(ea.crossing_step([0, 100], [0.1, 0.2], 0.9))
+def ramp(steps, start, end, lo, hi):
+    return np.interp(steps, [start, end], [lo, hi])
 
 
-def test_steepest_rise_finds_sigmoid_centre():
-    steps = np.arange(0, 20001, 100)
-    step, rise = ea.steepest_rise(steps, sigmoid(steps, 5300, 150), window=1000)
-    assert step == pytest.approx(5300, abs=60) and rise > 0.9
-    # only after a given step: the second of two rises
-    two = sigmoid(steps, 5300, 150, 0, 0.5) + sigmoid(steps, 15000, 300, 0, 0.5)
-    step, _ = ea.steepest_rise(steps, two, window=1000, after=7000)
-    assert step == pytest.approx(15000, abs=60)
-    assert math.isnan(ea.steepest_rise([0, 100], [0, 1], window=500)[0])
-
-
-def synthetic_metrics(add=1000, jump=5300, routing=5200, refine=15000, steps=20000, every=100, members=1):
-    s = np.arange(0, steps + 1, every)
-    rows = []
+def synthetic_metrics(shift=0, members=1):
+    """Curves made of linear ramps, so every detected step has an exact answer (window 1000):
+    0-var 0.02 -> 1 over [500, 1500]; 1-var 0.1 -> 1 over [5000, 6000], 2-var over [5200, 6200];
+    QK identity 0 -> 0.9 over [5100, 6100]; bound attention 0.05 -> 0.8 over [5300, 6300];
+    routing 0.1 -> 0.95 over [2000, 3000]; hard pools 0.02 -> 0.2 with the jump, + 0.78 over
+    [14000, 15000]. Member k is shifted by k * shift steps (after the addition phase)."""
+    s = np.arange(0, 20001, 100)
+    frames = []
     for k in range(members):
-        df = pd.DataFrame({"step": s, "member": k, "seed": k, "train_loss": 1.0})
-        df["acc_zero_var_train"] = sigmoid(s, add, 100, 0.02, 1.0)
-        for p in ea.VAR_POOLS:
-            df[f"acc_{p}"] = sigmoid(s, jump, 100, 0.1, 0.99)
-        for p in ea.HARD_POOLS:  # follow the jump a little, then the refinement
-            df[f"acc_{p}"] = sigmoid(s, jump, 100, 0.02, 0.2) + sigmoid(s, refine, 200, 0.0, 0.78)
-        df["routing"] = sigmoid(s, routing, 100, 0.2, 0.95)
-        rows.append(df)
-    return pd.concat(rows, ignore_index=True)
+        d = k * shift
+        df = pd.DataFrame({"step": s, "member": k, "seed": 42 + k, "train_loss": 1.0})
+        df["acc_zero_var_train"] = ramp(s, 500, 1500, 0.02, 1.0)
+        df["acc_one_var_train"] = ramp(s, 5000 + d, 6000 + d, 0.1, 1.0)
+        df["acc_two_var_train"] = ramp(s, 5200 + d, 6200 + d, 0.1, 1.0)
+        df["qk_identity"] = ramp(s, 5100 + d, 6100 + d, 0.0, 0.9)
+        df["bound_1var"] = df["bound_2var"] = ramp(s, 5300 + d, 6300 + d, 0.05, 0.8)
+        df["routing"] = ramp(s, 2000, 3000, 0.1, 0.95)
+        for p in ea.HARD_POOLS:
+            df[f"acc_{p}"] = ramp(s, 5000 + d, 6000 + d, 0.02, 0.2) + ramp(s, 14000 + d, 15000 + d, 0.0, 0.78)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
 
 
-def test_detect_phases_on_synthetic_curves():
+def test_detect_phases_on_ramps_with_known_steps():
     ph = ea.detect_phases(synthetic_metrics(), window=1000)
-    assert ph.jump_step == pytest.approx(5300, abs=60)
-    assert ph.refine_step == pytest.approx(15000, abs=60)
-    assert ph.routing_step == pytest.approx(5200, abs=20)
-    assert ph.addition_step == pytest.approx(1000 + 100 * math.log(0.9 - 0.02) - 100 * math.log(1 - 0.9), abs=30)
-    assert ph.variable_step > ph.jump_step
-    assert set(ph.marks()) == {"addition", "jump", "refinement"}
+    assert ph.addition_step == pytest.approx(500 + 0.88 / 0.98 * 1000)
+    assert ph.variable_step == pytest.approx(5000 + 0.8 / 0.9 * 1000)  # the 1-var curve is first
+    assert ph.var_half_step == pytest.approx(5000 + 0.4 / 0.9 * 1000)
+    assert ph.zero_at_var_half == pytest.approx(1.0)
+    # the variable accuracy (mean of the two ramps) rises by 0.81 in every window starting in
+    # [5000, 5200]: the middle start 5100 gives centre 5600; its whole rise is 0.9
+    assert (ph.jump_step, ph.jump_rise, ph.jump_share) == (pytest.approx(5600), pytest.approx(0.81),
+                                                           pytest.approx(0.9))
+    assert ph.qk_step == pytest.approx(5600) and ph.bound_step == pytest.approx(5800)
+    assert ph.routing_step == pytest.approx(2500)
+    assert (ph.refine_step, ph.refine_rise) == (pytest.approx(14500), pytest.approx(0.78))
+    assert ph.window == 1000 and ph.marks() == {"addition": ph.addition_step, "jump": 5600, "refinement": 14500}
+    assert ea.detect_phases(synthetic_metrics()).window == 1000  # default: 1/20 of the run
 
 
-def test_detect_phases_without_refinement():
+def test_detect_phases_without_refinement_or_jump():
     m = synthetic_metrics()
     for p in ea.HARD_POOLS:
         m[f"acc_{p}"] = 0.05  # flat: no refinement phase
     ph = ea.detect_phases(m, window=1000)
-    assert math.isnan(ph.refine_step) and "refinement" not in ph.marks()
+    assert math.isnan(ph.refine_step) and ph.refine_rise == pytest.approx(0.0) and "refinement" not in ph.marks()
+    for p in ea.VAR_POOLS:
+        m[f"acc_{p}"] = 0.1 + 0.1 * m.step / 20000  # a slow drift, never a jump
+    ph = ea.detect_phases(m, window=1000)
+    assert math.isnan(ph.jump_step) and math.isnan(ph.refine_step) and math.isnan(ph.variable_step)
+    assert ea.stage_checkpoint(SimpleNamespace(checkpoint_steps=lambda: [0, 100]), ph) is None
+    with pytest.raises(ValueError, match="member=3 has no metrics"):
+        ea.detect_phases(m, member=3)
 
 
-def test_threshold_on_a_step():
-    f = np.array([0.05, 0.15, 0.25, 0.35, 0.45] * 2)
-    acc = np.array([0.0, 0.2, 0.95, 1.0, 1.0, 0.0, 0.4, 0.85, 1.0, 1.0])  # two seeds
-    # means 0, 0.3, 0.9, 1, 1 -> the mean reaches 0.9 exactly at 0.25
-    assert ea.threshold(f, acc, 0.9) == pytest.approx(0.25)
-    assert ea.threshold(f, acc, 0.6) == pytest.approx(0.15 + 0.1 * 0.3 / 0.6)
-    assert math.isnan(ea.threshold([0.1, 0.2], [0.1, 0.2], 0.9))
+def test_phases_table_has_one_row_per_seed():
+    table = ea.phases_table(synthetic_metrics(shift=300, members=3), window=1000)
+    assert table.index.tolist() == [0, 1, 2] and table.seed.tolist() == [42, 43, 44]
+    assert table.jump_step.tolist() == pytest.approx([5600, 5900, 6200])
+    assert table.refine_step.tolist() == pytest.approx([14500, 14800, 15100])
+    assert table.addition_step.nunique() == 1
 
 
-# ----------------------------------------------------------------- matrices
+def test_hard_final_accuracy_is_the_weakest_pool():
+    m = synthetic_metrics(members=2)
+    m.loc[(m.member == 1) & (m.step == 20000), "acc_two_var_var_restricted_two"] = 0.4
+    assert ea.hard_final_accuracy(m).tolist() == pytest.approx([0.98, 0.4])  # 0.2 + 0.78
 
-def test_template_cosine_and_diagonal_fraction():
-    eye = torch.eye(12)
-    assert ea.template_cosine(3 * eye + 2.0 + torch.arange(12.0)[:, None]) == pytest.approx(1.0)
-    assert ea.template_cosine(-eye) == pytest.approx(-1.0)
-    assert math.isnan(ea.template_cosine(torch.ones(12, 12)))
-    assert abs(ea.template_cosine(torch.randn(12, 12, generator=torch.Generator().manual_seed(0)))) < 0.5
-    assert ea.diagonal_argmax_fraction(eye) == 1.0
-    assert ea.diagonal_argmax_fraction(torch.roll(eye, 1, 1)) == 0.0
+
+def test_transition_and_stage_checkpoints():
+    run = SimpleNamespace(checkpoint_steps=lambda: [0, 250, 500, 750, 1000])
+    ph = ea.Phases(addition_step=100, variable_step=600, var_half_step=550, zero_at_var_half=1.0, jump_step=500,
+                   jump_rise=0.8, jump_share=0.9, qk_step=500, bound_step=500, routing_step=300,
+                   refine_step=float("nan"), refine_rise=0.0, window=100)
+    assert ea.transition_checkpoints(run, ph) == {"init": 0, "before jump": 250, "after jump": 750, "final": 1000}
+    assert ea.stage_checkpoint(run, ph) == 250
+
+
+# ----------------------------------------------------------------- AA-8: residuals built to be identical
+
+def value_residual(extra=0.0, seed=0, d=24):
+    """A 'model' whose residual depends only on the operand values, plus `extra` along a dimension of
+    its own in every sequence with a variable operand."""
+    g = torch.Generator().manual_seed(seed)
+    u, w = torch.randn(59, d, generator=g), torch.randn(59, d, generator=g)
+
+    def residual(tokens):
+        p = TASK.parse(tokens)
+        out = torch.zeros(len(tokens), d + 1)
+        out[:, :d] = u[p["n1"]] + w[p["n2"]]
+        out[:, d] = extra * ((p["left_var"] >= 0) | (p["right_var"] >= 0)).float()
+        return out
+
+    return residual, u, w
+
+
+def test_residual_cosines_of_identical_residuals_are_one():
+    residual, _, _ = value_residual()
+    cos = ea.residual_cosines(None, TASK, n=200, residual=residual)
+    assert set(cos.form) == {"1-var left", "1-var right", "2-var"} and len(cos) == 600
+    np.testing.assert_allclose(cos.matched, 1.0, atol=1e-12)
+    np.testing.assert_allclose(cos.matched_centred, 1.0, atol=1e-12)
+    assert abs(cos.mismatched_centred.mean()) < 0.05  # independent pairs: no shared content
+    assert len(set(zip(cos.n1[:200], cos.n2[:200]))) == 200  # distinct pairs: a mismatch is another pair
+
+
+def test_residual_cosines_with_a_form_offset_have_the_exact_centred_value():
+    c = 3.0
+    residual, u, w = value_residual(extra=c)
+    cos = ea.residual_cosines(None, TASK, n=100, residual=residual)
+    one = cos[cos.form == "2-var"]
+    x = (u[torch.tensor(one.n1.to_numpy())] + w[torch.tensor(one.n2.to_numpy())]).double()
+    dev = (x - x.mean(0)).pow(2).sum(1)  # the offset dimension is orthogonal to the content
+    expected = (dev - c ** 2 / 4) / (dev + c ** 2 / 4)
+    np.testing.assert_allclose(one.matched_centred, expected.numpy(), rtol=1e-6)  # float32 residuals
+
+
+def test_residual_cosines_operands_sit_at_training_positions():
+    seen = []
+    cos = ea.residual_cosines(None, TASK, n=300, residual=lambda t: seen.append(t) or torch.randn(len(t), 4))
+    tokens = torch.cat(seen[1:])
+    p = TASK.parse(tokens)
+    assert bool(TASK.is_training_query(p["seq_type"], p["left_var"], p["right_var"], p["n1"], p["n2"]).all())
+    two = p["seq_type"] == 3
+    pairs = set(zip(p["left_var"][two].tolist(), p["right_var"][two].tolist()))
+    assert len(pairs) > 80 and (11, 10) not in pairs  # spread over the 92 pairs, none held out
+    assert len(cos) == 900
+
+
+# ----------------------------------------------------------------- AA-9: a model with planted Fourier neurons
+
+PLANTED = [(9, 0.3, 1.0), (17, -1.0, 2.0), (21, 2.0, 0.5), (9, -2.5, 1.5), (17, 0.7, 1.0), (25, 1.2, 0.8)]
+
+
+def planted_fourier_model():
+    """Layer 1 at `=` attends half to each operand (positions 13, 14) and copies the number into
+    dimensions of its own; layer 2's attention writes nothing; MLP neuron j reads
+    2 A_j cos(2 pi k_j t / 59 + phi_j) from number t's dimension. So its pre-activation at `=` on
+    `+ n m =` is A_j [cos(2 pi k_j n/59 + phi_j) + cos(2 pi k_j m/59 + phi_j)], whatever the prefix."""
+    d = 74 + 16 + 59
+    cfg = cb.ToyConfig(d_vocab=74, n_ctx=16, d_model=d, n_layers=2, n_heads=1, d_mlp=len(PLANTED),
+                       mlp=(False, True), bias=False, d_vocab_out=59)
+    model = cb.ToyTransformer(cfg, seed=0)
+    s = math.sqrt(40 * math.sqrt(d))  # score 40 for the two operand keys, 0 elsewhere
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.embed.W_E[:, :74] = torch.eye(74)
+        model.pos_embed.W_pos[:, 74:90] = torch.eye(16)
+        a0 = model.blocks[0].attn
+        a0.W_Q[0, 74 + 15, 0] = s
+        a0.W_K[0, 74 + 13, 0] = a0.W_K[0, 74 + 14, 0] = s
+        a0.W_V[0, :59, :59] = torch.eye(59)
+        a0.W_O[0, :59, 90:] = torch.eye(59)
+        t = torch.arange(59, dtype=torch.float64)
+        for j, (k, phi, A) in enumerate(PLANTED):
+            model.blocks[1].mlp.W_in[90:, j] = (2 * A * torch.cos(2 * math.pi * k * t / 59 + phi)).float()
+    return model
+
+
+def planted_grid():
+    n = torch.arange(59, dtype=torch.float64)
+    cols = [A * (torch.cos(2 * math.pi * k * n / 59 + phi)[:, None] + torch.cos(2 * math.pi * k * n / 59 + phi)[None])
+            for k, phi, A in PLANTED]
+    return torch.stack(cols, -1)
+
+
+def test_aa9_pipeline_recovers_the_planted_neurons():
+    grid = ea.mlp_preactivation_grid(planted_fourier_model(), TASK, n_layouts=2)
+    assert grid.shape == (59, 59, len(PLANTED))
+    torch.testing.assert_close(grid.double(), planted_grid(), atol=1e-4, rtol=0)
+    s = fourier.summarise_grid(grid, power_fraction=0.99)
+    assert s.single.best_frequency.tolist() == [k for k, _, _ in PLANTED]
+    assert s.median_single_r2 == pytest.approx(1.0, abs=1e-6)
+    assert s.key_frequencies == [9, 17, 21, 25] and s.median_multi_r2 == pytest.approx(1.0, abs=1e-6)
+    # random sets of four frequencies: a neuron's R^2 is 1 when its own is drawn, else 0
+    assert s.random_frequencies_r2 < 0.5
+
+
+def test_aa9_random_model_needs_many_frequencies():
+    grid = ea.mlp_preactivation_grid(cb.ToyTransformer(TINY, seed=1), TASK, n_layouts=2)
+    s = fourier.summarise_grid(grid, power_fraction=0.8)
+    assert len(s.key_frequencies) > 12 and s.median_single_r2 < 0.5
+
+
+# ----------------------------------------------------------------- attention measures
+
+def test_value_positions_and_routing_score_on_hand_built_pattern():
+    tokens = TASK.encode(["PAD a 40 PAD j 18 PAD PAD PAD k 9 PAD + a 27 =",
+                          "b 3 c 4 PAD PAD PAD PAD PAD PAD PAD PAD + 1 c ="])
+    mask = ea.value_positions(tokens, TASK)
+    assert mask[0].nonzero().flatten().tolist() == [2, 5, 10] and mask[1].nonzero().flatten().tolist() == [1, 3]
+    prev = torch.zeros(2, 1, 16, 16)
+    prev[:, 0, torch.arange(1, 16), torch.arange(15)] = 1.0  # a perfect previous-token head
+    prev[:, 0, 0, 0] = 1.0
+    assert ea.routing_score(prev, tokens, TASK).tolist() == [1.0]
+    uniform = torch.tril(torch.ones(16, 16)) / torch.arange(1, 17)[:, None]
+    expected = np.mean([1 / 3, 1 / 6, 1 / 11, 1 / 2, 1 / 4])
+    assert ea.routing_score(uniform.expand(2, 1, 16, 16), tokens, TASK).item() == pytest.approx(expected)
+
+
+def test_bound_attention_top_share_and_roles_on_hand_built_pattern():
+    tokens = TASK.encode(["PAD a 40 PAD j 18 PAD PAD PAD k 9 PAD + a 27 =",
+                          "b 3 c 4 PAD PAD PAD PAD PAD PAD PAD PAD + b c =",
+                          "b 3 c 4 PAD PAD PAD PAD PAD PAD PAD PAD + 5 6 ="])
+    assert ea.bound_targets(tokens, TASK).nonzero().tolist() == [[0, 2], [1, 1], [1, 3]]
+    pattern = torch.zeros(3, 1, 16, 16)
+    pattern[0, 0, -1, [2, 5, 14]] = torch.tensor([0.3, 0.1, 0.6])  # bound value, distractor, the constant operand
+    pattern[1, 0, -1, [1, 3, 0]] = torch.tensor([0.4, 0.5, 0.1])  # b's value at 1, c's at 3
+    assert ea.bound_attention(pattern, tokens, TASK).item() == pytest.approx((0.3 + 0.9) / 2)  # 0-var left out
+    # `=` attends most to the constant operand in row 0: one of the three bound values is not on top
+    assert ea.bound_top_share(pattern, tokens, TASK) == pytest.approx(2 / 3)
+    roles = ea.key_roles(tokens, TASK)
+    assert roles[0, [1, 2, 4, 5, 0, 12, 13, 14, 15]].tolist() == [
+        "variable token", "bound value", "variable token", "other assigned value", "PAD", "+", "left operand",
+        "right operand", "="]
+    by_role = ea.attention_by_role(pattern[:2], tokens[:2], TASK)
+    assert by_role["bound value"] == pytest.approx((0.3 + 0.9) / 2)
+    assert by_role["right operand"] == pytest.approx(0.3) and by_role["variable token"] == pytest.approx(0.05)
+    assert math.isnan(ea.bound_attention(pattern[2:], tokens[2:], TASK).item())
 
 
 def identity_circuit_model(scale_qk=1.0):
@@ -111,37 +270,12 @@ def identity_circuit_model(scale_qk=1.0):
 def test_variable_qk_matrix_on_identity_circuit():
     qk = ea.variable_qk_matrix(identity_circuit_model(), TASK)
     torch.testing.assert_close(qk, torch.eye(N_VARS) / math.sqrt(74))
-    assert ea.diagonal_argmax_fraction(qk) == 1.0 and ea.template_cosine(qk) == pytest.approx(1.0)
+    assert attention.diagonal_argmax_fraction(qk) == 1.0 and attention.template_cosine(qk) == pytest.approx(1.0)
     raw = ea.variable_qk_matrix(identity_circuit_model(), TASK, composed=False)
     torch.testing.assert_close(raw, torch.eye(N_VARS) / math.sqrt(74))
 
 
-# ----------------------------------------------------------------- attention measures
-
-def test_value_positions_and_routing_score_on_hand_built_pattern():
-    tokens = TASK.encode(["PAD a 40 PAD j 18 PAD PAD PAD k 9 PAD + a 27 =",
-                          "b 3 c 4 PAD PAD PAD PAD PAD PAD PAD PAD + 1 c ="])
-    mask = ea.value_positions(tokens, TASK)
-    assert mask[0].nonzero().flatten().tolist() == [2, 5, 10] and mask[1].nonzero().flatten().tolist() == [1, 3]
-    prev = torch.zeros(2, 1, 16, 16)
-    prev[:, 0, torch.arange(1, 16), torch.arange(15)] = 1.0  # a perfect previous-token head
-    prev[:, 0, 0, 0] = 1.0
-    assert ea.routing_score(prev, tokens, TASK).tolist() == [1.0]
-    uniform = torch.tril(torch.ones(16, 16)) / torch.arange(1, 17)[:, None]
-    expected = np.mean([1 / 3, 1 / 6, 1 / 11, 1 / 2, 1 / 4])
-    assert ea.routing_score(uniform.expand(2, 1, 16, 16), tokens, TASK).item() == pytest.approx(expected)
-
-
-def test_bound_attention_on_hand_built_pattern():
-    tokens = TASK.encode(["PAD a 40 PAD j 18 PAD PAD PAD k 9 PAD + a 27 =",
-                          "b 3 c 4 PAD PAD PAD PAD PAD PAD PAD PAD + b c ="])
-    pattern = torch.zeros(2, 1, 16, 16)
-    pattern[0, 0, -1, 2] = 0.7  # `a` is bound at position 2
-    pattern[1, 0, -1, 1], pattern[1, 0, -1, 3] = 0.4, 0.5  # b at 1, c at 3: summed
-    assert ea.bound_attention(pattern, tokens, TASK).item() == pytest.approx((0.7 + 0.9) / 2)
-
-
-# ----------------------------------------------------------------- gradient, probes
+# ----------------------------------------------------------------- AA-12: gradient and theory
 
 def test_qk_gradient_matches_autograd_through_the_factors():
     model = cb.ToyTransformer(TINY, seed=3)
@@ -169,16 +303,33 @@ def test_qk_basis_reads_and_blocks():
     assert energy.loc["numbers", "numbers"] == 0 and energy.loc["moved variables", "moved variables"] > 0
 
 
-def test_probe_accuracy_separable_and_chance():
-    g = torch.Generator().manual_seed(0)
-    y = torch.randint(0, 4, (400,), generator=g)
-    X = torch.nn.functional.one_hot(y, 4).float() * 3 + 0.1 * torch.randn(400, 4, generator=g)
-    assert ea.probe_accuracy(X[:200], y[:200], X[200:], y[200:], 4) == 1.0
-    noise = torch.randn(400, 8, generator=g)
-    assert ea.probe_accuracy(noise[:200], y[:200], noise[200:], y[200:], 4) < 0.5
+def test_theory_block_on_hand_made_sequences():
+    # 1-var `a` with distractors j, k: a' x a' gets 1 - 1/16, a' x j' and a' x k' get -1/16
+    one = TASK.encode(["PAD a 40 PAD j 18 PAD PAD PAD k 9 PAD + a 27 ="])
+    P = ea.theory_qk_block(one, TASK)
+    expected = torch.zeros(N_VARS, N_VARS, dtype=torch.float64)
+    expected[0, 0], expected[0, 9], expected[0, 10] = 15 / 16, -1 / 16, -1 / 16
+    torch.testing.assert_close(P, expected)
+    # 2-var `+ b c =` with distractor d: both bound values help both queried variables
+    two = TASK.encode(["b 3 c 4 d 5 PAD PAD PAD PAD PAD PAD + b c ="])
+    P2 = ea.theory_qk_block(two, TASK)
+    for u in (1, 2):
+        assert P2[u, 1] == pytest.approx(1 - 2 / 16) and P2[u, 2] == pytest.approx(1 - 2 / 16)
+        assert P2[u, 3] == pytest.approx(-2 / 16)
+    assert P2[3].abs().sum() == 0 and P2.abs().sum() == pytest.approx(2 * (2 * 14 / 16 + 2 / 16))
+    # 0-var sequences query nothing; a batch is the mean
+    zero = TASK.encode(["b 3 c 4 d 5 PAD PAD PAD PAD PAD PAD + 1 2 ="])
+    assert ea.theory_qk_block(zero, TASK).abs().sum() == 0
+    torch.testing.assert_close(ea.theory_qk_block(torch.cat([one, zero]), TASK), expected / 2)
 
 
-# ----------------------------------------------------------------- runs and sweeps plumbing
+def test_theory_block_of_the_training_distribution_is_diagonal_heavy():
+    batch = TASK.train_batch(0, 4096, 0)
+    P = ea.theory_qk_block(batch.tokens, TASK)
+    assert attention.diagonal_argmax_fraction(P) == 1.0 and attention.template_cosine(P) > 0.9
+
+
+# ----------------------------------------------------------------- runs, released runs, sweeps
 
 def test_sweep_members_and_init():
     members = ea.sweep_members([0.1, 0.5, 0.9], [0, 1])
@@ -199,44 +350,105 @@ def test_member_pool_accuracy_pads_per_member_pools():
         assert out[k].item() == pytest.approx((pred == b.labels).float().mean().item())
 
 
-def test_progress_evaluator_returns_every_measure_per_member():
+def test_progress_evaluator_per_member_and_for_one_model():
     ens = cb.Ensemble(TINY, (0, 1))
     ev = ea.ProgressEvaluator(TASK, pool_size=20, probe_size=16)
     out = ev(ens, 0)
-    for key in ["acc_zero_var_train", "acc_heldout_zero_var", "routing", "bound_1var", "bound_2var", "qk_diag",
-                "qk_identity"]:
+    names = ["acc_zero_var_train", "acc_heldout_zero_var", "routing", "bound_1var", "bound_2var", "bound_top",
+             "qk_diag", "qk_identity"]
+    for key in names:
         assert out[key].shape == (2,)
-    assert 0 <= out["routing"].min() <= out["routing"].max() <= 1
-    assert ev.spec()["assign_add_progress"] == ea.MEASURES_VERSION
+    one = ev.evaluate_model(ens.member(1))
+    for key in names:
+        assert one[key] == pytest.approx(float(out[key][1]), abs=1e-6)
+    assert ev.spec()["assign_add_progress"] == ea.MEASURES_VERSION == 2
 
 
-def test_residual_cosines_grid_and_probe_data_shapes():
-    model = cb.ToyTransformer(TINY, seed=0)
-    cos = ea.residual_cosines(model, TASK, n=30)
-    assert set(cos.form) == {"1-var left", "1-var right", "2-var"} and len(cos) == 90
-    assert cos[["matched", "mismatched"]].abs().max().max() <= 1 + 1e-9
-    grid = ea.mlp_preactivation_grid(model, TASK, n_layouts=1)
-    assert grid.shape == (59, 59, 32)
-    X, y = ea.variable_probe_data(model, TASK, TASK.eval_pool("one_var_train", 10, 0).tokens, "blocks.0.hook_resid_post")
-    assert X.shape[1] == 16 and len(X) == len(y) and int(y.min()) >= 0 and int(y.max()) < N_VARS
-    q, k = ea.variable_directions(model, TASK, TASK.eval_pool("one_var_train", 200, 0).tokens)
-    assert q.shape == k.shape == (N_VARS, 16)
+def test_pool_accuracies_of_one_model():
+    model = cb.ToyTransformer(TINY, seed=2)
+    pool = TASK.eval_pool("two_var_train", 30, 0)
+    expected = float((model(pool.tokens)[:, -1].argmax(-1) == pool.labels).float().mean())
+    assert ea.pool_accuracies(model, {"p": pool}, chunk=7) == {"p": pytest.approx(expected)}
 
 
-def test_transition_checkpoints_and_configs():
-    run = SimpleNamespace(checkpoint_steps=lambda: [0, 250, 500, 750, 1000], train_config=SimpleNamespace(steps=1000))
-    ph = ea.Phases(addition_step=100, variable_step=600, jump_step=500, jump_rise=0.8, routing_step=480,
-                   refine_step=float("nan"), refine_rise=0.0, window=100)
-    assert ea.transition_checkpoints(run, ph) == {"init": 0, "before jump": 250, "after jump": 750, "final": 1000}
-    cfg = SimpleNamespace(d_model=32, d_mlp=64, train_fraction=0.5, split_seed=1, get=lambda k, d=None: None)
-    mc = ea.model_config(cfg)
-    assert (mc.d_model, mc.d_mlp, mc.mlp, mc.bias, mc.out_dim, mc.d_vocab) == (32, 64, (False, True), False, 59, 74)
-    assert ea.make_task(cfg).train_fraction == 0.5
+def released_run(directory, steps=(0, 50, 100)):
+    directory.mkdir(exist_ok=True)
+    models = {}
+    for step in steps:
+        models[step] = cb.ToyTransformer(TINY, seed=step)
+        torch.save(models[step].state_dict(), directory / f"checkpoint_step_{step}.pth")
+    return models
+
+
+def test_checkpoint_run_reads_a_released_run(tmp_path, runs_dir):
+    models = released_run(tmp_path / "release")
+    run = ea.CheckpointRun(tmp_path / "release", TASK, pool_size=20, probe_size=16)
+    assert run.checkpoint_steps() == [0, 50, 100] and run.n_members == 1 and run.key is None
+    m = run.metrics()
+    assert m.step.tolist() == [0, 50, 100] and set(m.member) == {0}
+    ev = ea.ProgressEvaluator(TASK, pool_size=20, probe_size=16)
+    for step, model in models.items():
+        row = m[m.step == step].iloc[0]
+        assert row.acc_two_var_train == pytest.approx(ea.pool_accuracies(model, ev.pools)["two_var_train"])
+    tokens = TASK.eval_pool("one_var_train", 4, 0).tokens
+    torch.testing.assert_close(run.model(0, 50)(tokens), models[50](tokens))
+    torch.testing.assert_close(run.model()(tokens), models[100](tokens))
+    assert list((runs_dir / "external").glob("*.json"))  # cached: a second reader does not re-evaluate
+    again = ea.CheckpointRun(tmp_path / "release", TASK, pool_size=20, probe_size=16)
+    pd.testing.assert_frame_equal(again.metrics(), m, check_dtype=False)
+    with pytest.raises(ValueError, match="step=60 is not a checkpoint"):
+        run.model(0, 60)
+    with pytest.raises(ValueError, match="one member"):
+        run.model(1)
+    assert ea.transition_checkpoints(run, ea.detect_phases(m))["final"] == 100
+
+
+def test_source_run_and_load_model_for_external_checkpoints(tmp_path, runs_dir):
+    models = released_run(tmp_path / "release")
+    base = dict(train_fraction=0.7, split_seed=42, pair_split="authors", pool_size=20, probe_size=16)
+    run = ea.source_run(params(checkpoint_path=str(tmp_path / "release"), **base))
+    assert isinstance(run, ea.CheckpointRun)
+    model, source, run = ea.load_model(params(checkpoint_path=str(tmp_path / "release"), **base), step=50)
+    assert "released run" in source and "step 50" in source and isinstance(run, ea.CheckpointRun)
+    single = tmp_path / "release" / "checkpoint_step_100.pth"
+    model, source, run = ea.load_model(params(checkpoint_path=str(single), **base))
+    assert run is None and "external checkpoint" in source
+    tokens = TASK.eval_pool("two_var_train", 8, 0).tokens
+    torch.testing.assert_close(model(tokens), models[100](tokens))
+    with pytest.raises(ValueError, match="is a single checkpoint; this notebook reads a training history"):
+        ea.source_run(params(checkpoint_path=str(single), **base))
+    other = cb.ToyTransformer(cb.ToyConfig(d_vocab=10, n_ctx=16, d_model=8, n_layers=2, d_mlp=8, d_vocab_out=59),
+                              seed=0)
+    torch.save(other.state_dict(), tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="d_vocab 10.*need d_vocab 74"):
+        ea.load_model(params(checkpoint_path=str(tmp_path / "other.pt"), **base))
+
+
+def test_make_task_takes_the_pair_split(tmp_path):
+    base = dict(train_fraction=0.7, split_seed=42)
+    assert ea.make_task(params(**base)).pair_split == "authors"
+    book = ea.make_task(params(pair_split="book", **base))
+    assert book.pair_split == "book" and len(book.train_pairs) == 2436
+    path = tmp_path / "pairs.txt"
+    path.write_text("0 0\n1 1\n")
+    task = ea.make_task(params(pair_split=str(path), **base))  # the file sets the pairs, train_fraction aside
+    assert task.train_pairs.tolist() == [0, 60]
+    assert ea.sweep_split(params(pair_split=str(path), **base)) == "authors"
+    assert ea.sweep_split(params(pair_split="book", **base)) == "book"
+
+
+def test_schedule_deviations_name_the_knobs_that_move_the_steps():
+    paper = {"d_model": 128, "d_mlp": 512, "batch_size": 512, "lr": 0.001, "weight_decay": 0.02,
+             "train_fraction": 0.7, "two_var_ratio": None, "cooldown_steps": 0, "steps": 40000}
+    same = params(**{**paper, "steps": 10000})  # the length alone does not move a step number
+    assert ea.schedule_deviations(same, paper) == []
+    cpu = params(**{**paper, "batch_size": 256, "lr": 0.002, "cooldown_steps": 2000})
+    assert ea.schedule_deviations(cpu, paper) == ["batch_size 256 (paper: 512)", "lr 0.002 (paper: 0.001)",
+                                                  "cooldown_steps 2000 (paper: 0)"]
 
 
 def test_training_batches_of_the_chapter_task_never_leak():
-    cfg = SimpleNamespace(train_fraction=0.7, split_seed=42, get=lambda k, d=None: None)
-    task = ea.make_task(cfg)
+    task = ea.make_task(params(train_fraction=0.7, split_seed=42))
     p = task.parse(torch.cat([task.train_batch(s, 512, 42).tokens for s in range(20)]))
     assert bool(task.is_training_query(p["seq_type"], p["left_var"], p["right_var"], p["n1"], p["n2"]).all())
     assert not bool(torch.isin(p["right_var"], torch.tensor([0, 1])).any())
@@ -244,23 +456,12 @@ def test_training_batches_of_the_chapter_task_never_leak():
     assert (task.universe_size, task.n_training_rows()) == (167_088, 102_312)
 
 
-def test_load_model_reads_an_external_checkpoint(tmp_path):
-    model = cb.ToyTransformer(TINY, seed=5)
-    path = tmp_path / "tl.pt"
-    torch.save({k: v for k, v in model.state_dict().items()}, path)
-    cfg = {"checkpoint_path": str(path)}
-    loaded, source, run = ea.load_model(SimpleNamespace(get=cfg.get))
-    assert run is None and "external checkpoint" in source
-    tokens = TASK.eval_pool("two_var_train", 8, 0).tokens
-    torch.testing.assert_close(loaded(tokens), model(tokens))
-
-
-def test_bound_attention_prefix_share():
-    tokens = TASK.encode(["PAD a 40 PAD j 18 PAD PAD PAD k 9 PAD + a 27 ="])
-    pattern = torch.zeros(1, 1, 16, 16)
-    pattern[0, 0, -1, 2], pattern[0, 0, -1, 5], pattern[0, 0, -1, 14] = 0.3, 0.1, 0.6  # bound, distractor, operand
-    assert ea.bound_attention(pattern, tokens, TASK).item() == pytest.approx(0.3)
-    assert ea.bound_attention(pattern, tokens, TASK, prefix_share=True).item() == pytest.approx(0.75)
+def test_model_and_train_configs():
+    cfg = params(d_model=32, d_mlp=64, steps=10, batch_size=4, seeds=[42, 43, 44], lr=1e-3, weight_decay=0.02,
+                 eval_every=5, checkpoint_every=5, log_checkpoints=0)
+    mc = ea.model_config(cfg)
+    assert (mc.d_model, mc.d_mlp, mc.mlp, mc.bias, mc.out_dim, mc.d_vocab) == (32, 64, (False, True), False, 59, 74)
+    assert ea.train_config(cfg).seeds == (42, 43, 44)
 
 
 def test_composed_run_reads_a_run_and_its_continuation_as_one():
@@ -276,4 +477,13 @@ def test_composed_run_reads_a_run_and_its_continuation_as_one():
     assert m.step.tolist() == [0, 50, 100, 150] and m.acc.tolist() == ["a", "a", "a", "b"]
     assert run.checkpoint_steps() == [0, 50, 100, 150] and run.train_config.steps == 150
     assert run.model(0, 50) == ("a", 50) and run.model(0, 100) == ("a", 100) and run.model(0) == ("b", 150)
-    assert run.manifest["train_seconds"] == 20.0
+    assert run.manifest["train_seconds"] == 20.0 and ea.final_step(run) == 150
+
+
+def test_probe_data_reads_assigned_numbers():
+    model = cb.ToyTransformer(TINY, seed=0)
+    tokens = TASK.encode(["PAD a 40 PAD j 18 PAD PAD PAD k 9 PAD + a 27 ="])
+    X, y = ea.variable_probe_data(model, TASK, tokens, "blocks.0.hook_resid_pre")
+    assert y.tolist() == [0, 9, 10]
+    expected = model.W_E[torch.tensor([40, 18, 9])] + model.W_pos[torch.tensor([2, 5, 10])]
+    torch.testing.assert_close(X, expected.detach())

@@ -127,3 +127,49 @@ def test_refuses_what_would_change_the_logits():
         load_transformer_lens_checkpoint("/nonexistent/ckpt.pt", PAPER)
     with pytest.raises(ValueError, match="no 'embed.W_E'"):
         load_transformer_lens_checkpoint({"foo": torch.zeros(1)}, PAPER)
+
+
+# ---------------------------------------------------------------- a directory of step checkpoints
+
+@pytest.mark.parametrize("name, step", [("checkpoint_step_5301.pth", 5301), ("model_seed42_step-900.pt", 900),
+                                        ("STEP12.safetensors", 12), ("ckpt_700.pth", 700),
+                                        ("run3_step_10_step_20.pt", 20)])
+def test_step_of_reads_the_step_from_the_name(name, step):
+    from circuitbook.models.loading import step_of
+
+    assert step_of(name) == step
+
+
+def test_step_of_refuses_a_name_without_one_step():
+    from circuitbook.models.loading import step_of
+
+    for name in ("final.pth", "seed42_epoch3.pt"):
+        with pytest.raises(ValueError, match=f"checkpoint file '{name}': cannot read its step"):
+            step_of(name)
+
+
+def test_step_checkpoints_of_a_released_run(tmp_path):
+    from circuitbook.models.loading import step_checkpoints
+
+    for step in (5301, 0, 100):
+        torch.save(tl_state_dict(mlp_layers=(1,), seed=step), tmp_path / f"checkpoint_step_{step}.pth")
+    (tmp_path / "config.json").write_text("{}")  # other files are ignored
+    (tmp_path / "sub").mkdir()
+    found = step_checkpoints(tmp_path)
+    assert list(found) == [0, 100, 5301] and found[100].name == "checkpoint_step_100.pth"
+    model = load_transformer_lens_checkpoint(found[5301], PAPER)
+    torch.testing.assert_close(model(TOKENS), reference_logits(tl_state_dict(mlp_layers=(1,), seed=5301), TOKENS),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_step_checkpoints_refuses_ambiguous_directories(tmp_path):
+    from circuitbook.models.loading import step_checkpoints
+
+    with pytest.raises(ValueError, match="is not a directory"):
+        step_checkpoints(tmp_path / "missing")
+    with pytest.raises(ValueError, match="holds no .pt/.pth/.safetensors files"):
+        step_checkpoints(tmp_path)
+    (tmp_path / "checkpoint_step_100.pth").write_bytes(b"")
+    (tmp_path / "model_step-100.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match="'checkpoint_step_100.pth' and 'model_step-100.pt' both carry step 100"):
+        step_checkpoints(tmp_path)

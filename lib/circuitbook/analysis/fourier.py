@@ -221,3 +221,43 @@ def collect_grid_activations(model, make_tokens: Callable[[torch.Tensor, torch.T
     tokens = make_tokens(n.flatten(), m.flatten())
     acts = collect_activations(model, tokens, hook_name, position=position, batch_size=batch_size)
     return acts.reshape(modulus, modulus, -1)
+
+
+@dataclass(frozen=True)
+class FourierSummary:
+    """What claim AA-9 reads from a grid of neuron pre-activations (see `summarise_grid`)."""
+
+    single: SingleFrequencyFit
+    key_frequencies: list[int]
+    multi: MultiFrequencyFit | None
+    median_single_r2: float  # median over neurons of the best single-frequency R^2
+    median_multi_r2: float  # median over neurons of the R^2 of all key frequencies together
+    random_frequencies_r2: float  # the same with as many random frequencies (mean over draws)
+
+
+def _median(x: torch.Tensor) -> float:
+    return float(x.nanmedian()) if x.numel() and not bool(x.isnan().all()) else float("nan")
+
+
+def summarise_grid(acts, power_fraction: float = 0.8, n_random: int = 8, seed: int = 0) -> FourierSummary:
+    """Single-frequency fits, the key frequencies, their joint fit, and a random baseline.
+
+    The baseline fits every neuron to as many frequencies as there are key frequencies, drawn
+    uniformly at random from 1..N//2 (`n_random` draws, seeded): a subspace of the same dimension
+    that was not chosen by the neurons. Key frequencies that explain the neurons beat it by far;
+    for a neuron with no Fourier structure the two are alike.
+    """
+    if not (isinstance(n_random, int) and n_random >= 1):
+        raise ValueError(f"n_random={n_random!r} is not allowed; expected an integer >= 1")
+    grid = _check_grid(acts)
+    single = fit_single_frequency(grid)
+    keys = key_frequencies(single, power_fraction)
+    multi = fit_frequencies(grid, keys) if keys else None
+    gen = torch.Generator().manual_seed(seed)
+    n_freq = grid.shape[0] // 2
+    random_r2 = [_median(fit_frequencies(grid, (torch.randperm(n_freq, generator=gen)[:len(keys)] + 1).tolist()).r2)
+                 for _ in range(n_random)] if keys else [float("nan")]
+    return FourierSummary(single=single, key_frequencies=keys, multi=multi,
+                          median_single_r2=_median(single.best_r2),
+                          median_multi_r2=_median(multi.r2) if multi is not None else float("nan"),
+                          random_frequencies_r2=float(sum(random_r2) / len(random_r2)))

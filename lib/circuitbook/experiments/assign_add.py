@@ -1,61 +1,61 @@
 """Chapter `assign_add`: the experiments of "Assign and Add" (Exoo, Bietti, Sous; arXiv 2605.31497).
 
-Everything the chapter's notebooks share lives here, so that every notebook gets the same
-runs by calling the same function with the same Params:
+Everything the chapter's notebooks share lives here, so that every notebook gets the same runs
+by calling the same function with the same Params. Measurements that any model could be read
+with live in `circuitbook.analysis` (`curves`, `attention`, `representations`, `fourier`); this
+module knows the task: where the bound value sits, which variables a query names.
 
 Runs
-    `model_config`, `train_config`, `make_task` build the configs from a notebook's Params;
-    `main_run(cfg)` trains (or loads) the paper's model with `ProgressEvaluator` as its
-    evaluation callback; `f_sweep(cfg)` / `r_sweep(cfg)` train the data-threshold sweeps as
-    ensembles (one member per (value, seed), one task per member).
+    `main_run(cfg)` trains (or loads) the paper's model as an ensemble of `cfg.seeds` (member 0
+    is the model the mechanism pages show) with `ProgressEvaluator` as its evaluation callback;
+    `source_run(cfg)` is the run a notebook reads: the main run, or a released training run
+    (`CheckpointRun`, a directory of step checkpoints at `cfg.checkpoint_path`);
+    `f_sweep(cfg)` / `r_sweep(cfg)` train the data-threshold sweeps as ensembles.
 
-Detection rules (documented, never typed in)
-    `crossing_step`   first step at which a curve reaches a level (linear interpolation);
-    `steepest_rise`   centre of the window of fixed width (in steps) over which a curve rises
-                      most, optionally only after a given step;
-    `detect_phases`   the three phases of training from the accuracy curves and the routing
-                      score (see its docstring);
-    `threshold`       smallest sweep value at which mean accuracy reaches a level (interpolated).
+Phases (`detect_phases`, per member; rules in its docstring, never typed in)
+    addition, the variable-accuracy jump, the layer-2 circuit's emergence (QK identity, `=`'s
+    attention to the bound value), the layer-1 previous-token head, the refinement.
 
 Measurements (all on a `ToyTransformer`, so an external checkpoint works the same way)
-    `routing_score`        layer-1 attention of each assigned number token to the variable just
-                           before it (AA-2 progress measure, AA-10);
-    `bound_attention`      layer-2 attention of `=` to the value token bound to each variable
-                           operand (AA-11);
-    `variable_qk_matrix`   the layer-2 QK bilinear form between variable embeddings as layer 2
-                           sees them (after the layer-1 OV circuit), with
-                           `diagonal_argmax_fraction` and `template_cosine` (AA-11);
-    `residual_cosines`     cosine of the residual stream before the layer-2 MLP between variable
-                           and constant additions with the same values (AA-8);
-    `mlp_preactivation_grid` layer-2 MLP pre-activations over all (n, m) (AA-9, with
-                           `circuitbook.analysis.fourier`);
-    `probe_accuracy`       closed-form ridge linear probes;
-    `qk_gradient`          -dL/dW_QK of layer 2 and its variable block (AA-12).
+    `routing_score` (AA-10), `bound_attention` / `bound_targets` / `variable_qk_matrix` (AA-11),
+    `residual_cosines` (AA-8), `mlp_preactivation_grid` (AA-9), `variable_probe_data`,
+    `qk_gradient` / `theory_qk_block` (AA-12).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from dataclasses import dataclass, replace
-from typing import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
+from ..analysis import attention, curves, fourier
+from ..analysis.ace import collect_activations
+from ..models.loading import load_transformer_lens_checkpoint, step_checkpoints
+from ..models.toy import ToyConfig, ToyTransformer
+from ..runs import atomic_write_json, read_json, runs_root
+from ..tasks.assign_add import (N_VARS, PAIR_SPLITS, POOL_NAMES, PREFIX_LEN, SEQ_LEN, TWO_VAR, TWO_VAR_LEFT,
+                                TWO_VAR_RIGHT, AssignAddTask)
+from ..tasks.base import Batch
 from ..train import Ensemble, Run, TrainConfig, _tensor_digest, pool_accuracy
 from ..train import train as _train_run
-from ..models.loading import load_transformer_lens_checkpoint
-from ..models.toy import ToyConfig, ToyTransformer
-from ..tasks.assign_add import (N_VARS, POOL_NAMES, PREFIX_LEN, SEQ_LEN, TWO_VAR_LEFT, TWO_VAR_RIGHT,
-                                NOT_LEFT, AssignAddTask)
-from ..tasks.base import Batch
 
-MEASURES_VERSION = 1  # bump when ProgressEvaluator's measures change meaning (it is part of the run key)
+MEASURES_VERSION = 2  # bump when ProgressEvaluator's measures change meaning (it is part of the run key)
 VAR_POOLS = ("one_var_train", "two_var_train")  # "variable accuracy": training pairs and positions
 HARD_POOLS = ("one_var_var_restricted", "two_var_var_restricted_one", "two_var_var_restricted_two")
+ADD_POOLS = ("zero_var_add_restricted", "one_var_add_restricted", "two_var_add_restricted")
 TWO_VAR_POOLS = ("two_var_train", "two_var_add_restricted", "two_var_var_restricted_one",
                  "two_var_var_restricted_two")
 SWEEP_SEED_STRIDE = 1000  # member seed = seed * stride + value index; init from seed only
+# The knobs that set how fast training moves: step numbers compare with the paper's only when all
+# of them have the paper's values.
+SCHEDULE_KNOBS = ("d_model", "d_mlp", "batch_size", "lr", "weight_decay", "train_fraction", "two_var_ratio",
+                  "cooldown_steps")
 
 
 # =============================================================================
@@ -70,16 +70,20 @@ def model_config(cfg, d_model: int | None = None, d_mlp: int | None = None) -> T
 
 
 def train_config(cfg) -> TrainConfig:
-    """AdamW (betas 0.9, 0.999), constant lr, fresh batches each step; schedule from Params."""
-    return TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, seeds=(cfg.seed,), lr=cfg.lr,
-                              weight_decay=cfg.weight_decay, eval_every=cfg.eval_every,
-                              checkpoint_every=cfg.checkpoint_every, log_checkpoints=cfg.log_checkpoints)
+    """AdamW (betas 0.9, 0.999), constant lr, fresh batches each step, one member per seed."""
+    return TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, seeds=tuple(cfg.seeds), lr=cfg.lr,
+                       weight_decay=cfg.weight_decay, eval_every=cfg.eval_every,
+                       checkpoint_every=cfg.checkpoint_every, log_checkpoints=cfg.log_checkpoints)
 
 
-def make_task(cfg, train_fraction: float | None = None, two_var_ratio: float | None = None) -> AssignAddTask:
+def make_task(cfg, train_fraction: float | None = None, two_var_ratio: float | None = None,
+              pair_split: str | None = None) -> AssignAddTask:
+    """The task of a notebook's Params; a `pair_split` file defines the pairs by itself."""
+    split = pair_split or cfg.get("pair_split") or "authors"
     f = cfg.train_fraction if train_fraction is None else train_fraction
     r = cfg.get("two_var_ratio") if two_var_ratio is None else two_var_ratio
-    return AssignAddTask(train_fraction=f, two_var_ratio=r, split_seed=cfg.split_seed)
+    return AssignAddTask(train_fraction=f if split in PAIR_SPLITS else None, two_var_ratio=r,
+                         split_seed=cfg.split_seed, pair_split=split)
 
 
 def eval_pools(task: AssignAddTask, size: int, seed: int = 1) -> dict[str, Batch]:
@@ -90,7 +94,7 @@ def eval_pools(task: AssignAddTask, size: int, seed: int = 1) -> dict[str, Batch
 
 
 def main_run(cfg, progress: bool | None = None) -> "Run | ComposedRun":
-    """The book's run of the paper's model (cached in the artifact store).
+    """The book's run of the paper's model, one ensemble member per seed (cached in the store).
 
     With `cooldown_steps` > 0 (a scale-down option; the paper keeps the learning rate constant) the
     run continues for that many steps at `cooldown_lr`, as a fork of the main run's last checkpoint;
@@ -110,8 +114,8 @@ def main_run(cfg, progress: bool | None = None) -> "Run | ComposedRun":
 
 class ComposedRun:
     """A run and its continuation (a fork from the run's last checkpoint) read as one run:
-    metrics, checkpoints and models over the whole span; `train_config` is the continuation's
-    (its `steps` is the final step)."""
+    metrics, checkpoints and models over the whole span; `key` is the continuation's (its
+    weights are the final model's)."""
 
     def __init__(self, first: Run, second: Run):
         self.first, self.second = first, second
@@ -141,37 +145,128 @@ class ComposedRun:
         return (self.first if step <= self.boundary else self.second).model(member, step)
 
 
-def load_model(cfg, step: int | None = None) -> tuple[ToyTransformer, str, "Run | ComposedRun | None"]:
-    """The model a notebook analyses: the external checkpoint at `cfg.checkpoint_path` when it is
-    set (read with `load_transformer_lens_checkpoint`, config inferred from the weights), else the
-    book's main run at `step` (default: final). Returns (model, description, run or None)."""
+def check_chapter_model(model: ToyTransformer, where: str) -> ToyTransformer:
+    """An external model must read this chapter's tokens: 74 inputs, 59 outputs, 16 positions."""
+    c = model.cfg
+    if c.d_vocab != 74 or c.out_dim != 59 or c.n_ctx < SEQ_LEN:
+        raise ValueError(f"{where}: d_vocab {c.d_vocab}, {c.out_dim} outputs and n_ctx {c.n_ctx}; this chapter's "
+                         f"tokens need d_vocab 74 (0-58, +, =, PAD, a-l), 59 outputs and n_ctx >= {SEQ_LEN}")
+    return model
+
+
+class CheckpointRun:
+    """A released training run, a directory of TransformerLens state dicts whose file names carry
+    their step (`checkpoint_step_5301.pth`), read like a book run of one member.
+
+    `metrics()` evaluates every checkpoint with the chapter's `ProgressEvaluator` (the pools of
+    `task`, i.e. the run's own pair split), so the phase rules and the stage-wise figures run on
+    it as on the book's runs. The table is cached under $CIRCUITBOOK_RUNS/external, keyed by the
+    files (name, size, modification time) and the evaluator's spec.
+    """
+
+    n_members = 1
+    key = None  # not a run of the book's store: values measured on it are recorded with run=None
+
+    def __init__(self, directory, task: AssignAddTask, pool_size: int, probe_size: int):
+        self.path = Path(directory).expanduser()
+        self.files = step_checkpoints(self.path)
+        self.task = task
+        self.evaluate = ProgressEvaluator(task, pool_size=pool_size, probe_size=probe_size)
+        stat = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in self.files.values()]
+        ident = json.dumps({"files": stat, "evaluator": self.evaluate.spec()}, sort_keys=True)
+        self.digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
+        self._metrics: pd.DataFrame | None = None
+
+    def __repr__(self):
+        return f"CheckpointRun({str(self.path)!r}, {len(self.files)} checkpoints)"
+
+    def checkpoint_steps(self) -> list[int]:
+        return list(self.files)
+
+    def model(self, member: int = 0, step: int | None = None) -> ToyTransformer:
+        if member != 0:
+            raise ValueError(f"member={member} is out of range; a released run has one member (0)")
+        step = self.checkpoint_steps()[-1] if step is None else step
+        if step not in self.files:
+            raise ValueError(f"step={step} is not a checkpoint of {self}; steps: {self.checkpoint_steps()}")
+        return check_chapter_model(load_transformer_lens_checkpoint(self.files[step]), str(self.files[step]))
+
+    def metrics(self) -> pd.DataFrame:
+        if self._metrics is None:
+            cache = runs_root() / "external" / f"{self.digest}.json"
+            if cache.exists():
+                rows = read_json(cache)
+            else:
+                rows = [{"step": step, "member": 0, "seed": -1, **self.evaluate.evaluate_model(self.model(0, step))}
+                        for step in self.files]
+                atomic_write_json(cache, rows)
+            frame = pd.DataFrame(rows)
+            first = ["step", "member", "seed"]
+            self._metrics = frame[first + sorted(c for c in frame.columns if c not in first)]
+        return self._metrics
+
+
+def source_run(cfg) -> "Run | ComposedRun | CheckpointRun":
+    """The training run a notebook reads: a released run when `checkpoint_path` is a directory,
+    else the book's main run. A single checkpoint file has no history: ValueError."""
     path = cfg.get("checkpoint_path")
-    if path:
-        model = load_transformer_lens_checkpoint(path, None)
+    if not path:
+        return main_run(cfg)
+    if not Path(path).expanduser().is_dir():
+        raise ValueError(f"checkpoint_path {path!r} is a single checkpoint; this notebook reads a training history: "
+                         f"give a directory of step checkpoints (e.g. checkpoint_step_5301.pth)")
+    return CheckpointRun(path, make_task(cfg), pool_size=cfg.pool_size, probe_size=cfg.probe_size)
+
+
+def load_model(cfg, step: int | None = None) -> tuple[ToyTransformer, str, "Run | ComposedRun | CheckpointRun | None"]:
+    """The model a notebook analyses and where it comes from: (model, description, run or None).
+
+    `checkpoint_path` a file: that TransformerLens state dict (config inferred from the weights;
+    run None). A directory: its checkpoint at `step` (default: the last). Unset: member 0 of the
+    book's main run at `step` (default: final).
+    """
+    path = cfg.get("checkpoint_path")
+    if path and not Path(path).expanduser().is_dir():
+        model = check_chapter_model(load_transformer_lens_checkpoint(path, None), f"checkpoint {path!r}")
         c = model.cfg
-        return model, (f"external checkpoint {path} (d_model {c.d_model}, d_mlp {c.d_mlp}, "
-                       f"{c.n_layers} layers)"), None
-    run = main_run(cfg)
-    step = run.train_config.steps if step is None else step
-    return run.model(0, step), f"the book's own run {run.dir.name}/{run.key}, step {step}", run
+        return model, f"external checkpoint {path} (d_model {c.d_model}, d_mlp {c.d_mlp}, {c.n_layers} layers)", None
+    run = source_run(cfg)
+    step = final_step(run) if step is None else step
+    where = f"released run {path}" if path else f"the book's own run {run.dir.name}/{run.key}, member 0"
+    return run.model(0, step), f"{where}, step {step}", run
+
+
+def final_step(run) -> int:
+    return run.checkpoint_steps()[-1]
+
+
+def random_init_model(model: ToyTransformer, seed: int = 0) -> ToyTransformer:
+    """A model of the same architecture at a fresh random initialisation: the baseline a claim about
+    trained weights must beat."""
+    return ToyTransformer(model.cfg, seed=seed).eval()
+
+
+def schedule_deviations(cfg, paper: dict) -> list[str]:
+    """The knobs that set the pace of training (`SCHEDULE_KNOBS`) whose value differs from the
+    paper's: when any does, step numbers are not the paper's step numbers."""
+    return [f"{k} {cfg.get(k)!r} (paper: {paper[k]!r})" for k in SCHEDULE_KNOBS
+            if k in paper and cfg.get(k) != paper[k]]
+
+
+@torch.no_grad()
+def pool_accuracies(model: ToyTransformer, pools: dict[str, Batch], chunk: int = 4096) -> dict[str, float]:
+    """Last-position accuracy of one model on each pool."""
+    out = {}
+    for name, batch in pools.items():
+        pred = torch.cat([model(batch.tokens[i:i + chunk], last_only=True)[:, -1].argmax(-1)
+                          for i in range(0, len(batch.labels), chunk)])
+        out[name] = float((pred == batch.labels).float().mean())
+    return out
 
 
 # =============================================================================
 # Attention measurements
 # =============================================================================
-
-@torch.no_grad()
-def attention_patterns(model: ToyTransformer, tokens: torch.Tensor, batch_size: int = 1024) -> list[torch.Tensor]:
-    """Attention patterns of every layer, [B, heads, query, key] each."""
-    names = [f"blocks.{i}.attn.hook_pattern" for i in range(model.cfg.n_layers)]
-    out = [[] for _ in names]
-    for start in range(0, len(tokens), batch_size):
-        _, cache = model.run_with_cache(tokens[start:start + batch_size], names_filter=lambda n: n in names,
-                                        return_cache_object=False)
-        for i, n in enumerate(names):
-            out[i].append(cache[n])
-    return [torch.cat(x) for x in out]
-
 
 def value_positions(tokens: torch.Tensor, task: AssignAddTask) -> torch.Tensor:
     """Bool [B, T]: positions of the number token of a prefix assignment `var value`."""
@@ -181,41 +276,64 @@ def value_positions(tokens: torch.Tensor, task: AssignAddTask) -> torch.Tensor:
     return mask
 
 
+def bound_targets(tokens: torch.Tensor, task: AssignAddTask) -> torch.Tensor:
+    """Bool [B, T]: positions of the value token(s) bound to the query's variable operand(s)."""
+    parsed = task.parse(tokens)
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    for key in ("left_pos", "right_pos"):
+        pos = parsed[key]
+        ok = pos >= 0
+        mask[ok.nonzero()[:, 0], pos[ok]] = True
+    return mask
+
+
 def routing_score(pattern0: torch.Tensor, tokens: torch.Tensor, task: AssignAddTask) -> torch.Tensor:
     """Per head: mean layer-1 attention of an assigned number token to the variable right before it.
 
     pattern0 [B, H, Q, K] (layer 1 = blocks.0). Averaged over every assignment of every sequence.
     1 means a perfect previous-token head on constants; uniform attention gives about 1/(p+1).
     """
-    mask = value_positions(tokens, task)
-    b, p = mask.nonzero(as_tuple=True)
+    b, p = value_positions(tokens, task).nonzero(as_tuple=True)
     return pattern0[b, :, p, p - 1].mean(0)
 
 
-def bound_attention(pattern1: torch.Tensor, tokens: torch.Tensor, task: AssignAddTask,
-                    prefix_share: bool = False) -> torch.Tensor:
-    """Per head: mean over sequences with a variable operand of the attention of `=` (last query) in
-    layer 2 to the value token(s) bound to the variable operand(s) (summed for 2-var).
-
-    pattern1 [B, H, Q, K] (layer 2 = blocks.1); the last query row is used. prefix_share=True
-    divides by the attention `=` puts on the whole prefix (the 12 assignment and PAD positions): the
-    share of what `=` reads from the assignments that comes from the bound value(s), leaving out
-    the query core, whose constant operand a 1-var sum also needs.
-    """
-    parsed = task.parse(tokens)
-    row = pattern1[:, :, -1]  # [B, H, K]
-    if prefix_share:
-        row = row / row[:, :, :PREFIX_LEN].sum(-1, keepdim=True).clamp(min=1e-12)
-    total = torch.zeros(row.shape[:2])
-    has = torch.zeros(len(tokens), dtype=torch.bool)
-    for key in ("left_pos", "right_pos"):
-        pos = parsed[key]
-        ok = pos >= 0
-        total[ok] += row[ok, :, pos[ok]]
-        has |= ok
+def bound_attention(pattern1: torch.Tensor, tokens: torch.Tensor, task: AssignAddTask) -> torch.Tensor:
+    """Per head: mean over sequences with a variable operand of the attention of `=` (the last
+    query) in layer 2 to the value token(s) bound to the variable operand(s), summed for 2-var.
+    NaN if no sequence has a variable operand."""
+    targets = bound_targets(tokens, task)
+    has = targets.any(1)
     if not has.any():
-        return torch.full((row.shape[1],), float("nan"))
-    return total[has].mean(0)
+        return torch.full((pattern1.shape[1],), float("nan"))
+    row = pattern1[:, :, -1]  # [B, H, K]
+    return (row * targets[:, None]).sum(-1)[has].mean(0)
+
+
+def bound_top_share(pattern1: torch.Tensor, tokens: torch.Tensor, task: AssignAddTask, head: int = 0) -> float:
+    """Share of variable operands whose bound value gets more layer-2 attention from `=` than every
+    key that is not a bound value (`analysis.attention.top_key_share`): "`=` attends to the constant
+    bound to the queried variable" taken literally. A random pattern scores about 1/16."""
+    return attention.top_key_share(pattern1[:, head, -1], bound_targets(tokens, task))
+
+
+ROLES = ("bound value", "other assigned value", "variable token", "PAD", "+", "left operand", "right operand", "=")
+
+
+def key_roles(tokens: torch.Tensor, task: AssignAddTask) -> np.ndarray:
+    """The role (`ROLES`) of every position [B, T] as a key: the bound value(s), other assigned values,
+    variable tokens and PADs of the prefix, then the four tokens of the query core."""
+    role = np.full(tokens.shape, "PAD", dtype=object)
+    role[(tokens >= task.VAR0).numpy()] = "variable token"
+    role[value_positions(tokens, task).numpy()] = "other assigned value"
+    role[bound_targets(tokens, task).numpy()] = "bound value"
+    role[:, PREFIX_LEN:] = ["+", "left operand", "right operand", "="]
+    return role
+
+
+def attention_by_role(pattern1: torch.Tensor, tokens: torch.Tensor, task: AssignAddTask, head: int = 0) -> pd.Series:
+    """Mean layer-2 attention of `=` summed over the keys of each role (`key_roles`)."""
+    rows, role = pattern1[:, head, -1].double().numpy(), key_roles(tokens, task)
+    return pd.Series({name: float((rows * (role == name)).sum(1).mean()) for name in ROLES})
 
 
 def variable_qk_matrix(model: ToyTransformer, task: AssignAddTask, composed: bool = True, head: int = 0,
@@ -227,7 +345,7 @@ def variable_qk_matrix(model: ToyTransformer, task: AssignAddTask, composed: boo
     circuit, e_v W_V^1 W_O^1, because that is how a variable reaches layer 2 - at `=` through
     layer-1 attention to the operand token, at an assigned number through its previous-token
     attention to the variable. composed=False uses the raw embeddings e_v. The score is
-    x_q W_Q W_K^T x_k / sqrt(d_head), the pre-softmax logit it adds.
+    x_q W_Q W_K^T x_k^T / sqrt(d_head), the pre-softmax logit it adds.
     """
     E = model.W_E[task.VAR0:task.VAR0 + N_VARS].detach()
     if composed:
@@ -238,30 +356,6 @@ def variable_qk_matrix(model: ToyTransformer, task: AssignAddTask, composed: boo
     return (E @ attn.W_Q[head].detach()) @ (E @ attn.W_K[head].detach()).T / scale
 
 
-def diagonal_argmax_fraction(M: torch.Tensor) -> float:
-    """Fraction of rows whose largest entry is on the diagonal (1.0 for an identity-like matrix)."""
-    M = torch.as_tensor(M)
-    return float((M.argmax(1) == torch.arange(M.shape[0])).float().mean())
-
-
-def double_centre(M: torch.Tensor) -> torch.Tensor:
-    M = torch.as_tensor(M, dtype=torch.float64)
-    return M - M.mean(0, keepdim=True) - M.mean(1, keepdim=True) + M.mean()
-
-
-def template_cosine(M: torch.Tensor, template: torch.Tensor | None = None) -> float:
-    """Cosine between the double-centred M and the double-centred template (default identity).
-
-    Double centring removes row and column offsets (a constant, a per-query or per-key bias), so
-    a*I + b*J + row/column terms scores 1 for a > 0, -1 for a < 0, and a matrix with no diagonal
-    structure about 0. NaN if either centred matrix is zero.
-    """
-    M = double_centre(M)
-    T = double_centre(torch.eye(M.shape[0]) if template is None else template)
-    denom = M.norm() * T.norm()
-    return float((M * T).sum() / denom) if denom > 0 else float("nan")
-
-
 # =============================================================================
 # The main run's evaluation callback
 # =============================================================================
@@ -270,11 +364,12 @@ class ProgressEvaluator:
     """Evaluation callback of the main run: accuracy of every pool and the progress measures.
 
     Per member it returns `acc_<pool>` for the nine pools and the exact held-out 0-var set, and
-      routing     layer-1 previous-token attention of assigned numbers (`routing_score`),
-      bound_1var  layer-2 attention of `=` to the bound value, 1-var sequences (`bound_attention`),
-      bound_2var  the same summed over both operands, 2-var sequences,
-      qk_diag     `diagonal_argmax_fraction` of the composed `variable_qk_matrix`,
-      qk_identity `template_cosine` of that matrix with the identity.
+      routing      layer-1 previous-token attention of assigned numbers (`routing_score`, AA-10),
+      bound_1var   layer-2 attention of `=` to the bound value, 1-var sequences (`bound_attention`),
+      bound_2var   the same summed over both operands, 2-var sequences,
+      bound_top    share of operands whose bound value is `=`'s top key (`bound_top_share`, 1- and 2-var),
+      qk_diag      `diagonal_argmax_fraction` of the composed `variable_qk_matrix`,
+      qk_identity  `template_cosine` of that matrix with the identity.
     Its spec() (part of the run key) holds digests of every pool and MEASURES_VERSION.
     """
 
@@ -291,16 +386,23 @@ class ProgressEvaluator:
 
     @torch.no_grad()
     def measures(self, model: ToyTransformer) -> dict[str, float]:
-        out = {}
+        out, tops = {}, []
         for kind, tokens in self.probe.items():
-            p0, p1 = attention_patterns(model, tokens)
+            p0, p1 = attention.attention_patterns(model, tokens)
             if kind == "1var":
                 out["routing"] = float(routing_score(p0, tokens, self.task).max())
             out[f"bound_{kind}"] = float(bound_attention(p1, tokens, self.task).max())
+            tops.append(bound_top_share(p1, tokens, self.task))
+        out["bound_top"] = float(np.mean(tops))
         qk = variable_qk_matrix(model, self.task)
-        out["qk_diag"] = diagonal_argmax_fraction(qk)
-        out["qk_identity"] = template_cosine(qk)
+        out["qk_diag"] = attention.diagonal_argmax_fraction(qk)
+        out["qk_identity"] = attention.template_cosine(qk)
         return out
+
+    def evaluate_model(self, model: ToyTransformer) -> dict[str, float]:
+        """The same metrics for one model (a checkpoint of a released run)."""
+        acc = pool_accuracies(model, self.pools)
+        return {**{f"acc_{k}": v for k, v in acc.items()}, **self.measures(model)}
 
     def __call__(self, ens: Ensemble, step: int) -> dict:
         out = self._acc(ens, step)
@@ -314,51 +416,24 @@ class ProgressEvaluator:
 
 
 # =============================================================================
-# Reading curves: crossings, steepest rises, phases
+# Phases of training
 # =============================================================================
-
-def crossing_step(steps, values, level: float) -> float:
-    """First step at which the curve reaches `level`, linearly interpolated between evaluations
-    (the first step itself if it already does; NaN if never)."""
-    x, y = np.asarray(steps, float), np.asarray(values, float)
-    above = np.nonzero(y >= level)[0]
-    if len(above) == 0:
-        return float("nan")
-    i = above[0]
-    if i == 0:
-        return float(x[0])
-    x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
-    return float(x0 + (level - y0) / (y1 - y0) * (x1 - x0))
-
-
-def steepest_rise(steps, values, window: float, after: float | None = None) -> tuple[float, float]:
-    """(step, rise): the window of `window` steps over which the curve rises most.
-
-    The curve is linearly interpolated; for each evaluation step t (with t >= after, if given)
-    the rise is v(t + window) - v(t); the returned step is the window's centre t + window / 2
-    and rise its size. (NaN, NaN) if no window fits.
-    """
-    x, y = np.asarray(steps, float), np.asarray(values, float)
-    order = np.argsort(x)
-    x, y = x[order], y[order]
-    starts = x[(x + window <= x[-1] + 1e-9) & (x >= (after if after is not None else -np.inf))]
-    if len(starts) == 0:
-        return float("nan"), float("nan")
-    rise = np.interp(starts + window, x, y) - np.interp(starts, x, y)
-    i = int(np.argmax(rise))
-    return float(starts[i] + window / 2), float(rise[i])
-
 
 @dataclass(frozen=True)
 class Phases:
     """Steps detected from the curves of one member (see `detect_phases`); NaN: not detected."""
 
-    addition_step: float  # 0-var (training pairs) accuracy reaches 0.9
-    variable_step: float  # mean 1-var accuracy reaches 0.9
-    jump_step: float  # steepest rise of the variable accuracy
-    jump_rise: float
-    routing_step: float  # layer-1 routing score crosses half-way from its initial to its final value
-    refine_step: float  # steepest rise of the hard-case accuracy after the jump
+    addition_step: float  # 0-var (training pairs) accuracy reaches `level`
+    variable_step: float  # the first of the 1-var / 2-var training accuracies reaches `level`
+    var_half_step: float  # the first of them reaches 0.5
+    zero_at_var_half: float  # 0-var accuracy at var_half_step
+    jump_step: float  # centre of the window of steepest rise of the variable accuracy
+    jump_rise: float  # its rise
+    jump_share: float  # its rise / the variable accuracy's whole rise (final - first)
+    qk_step: float  # centre of the steepest rise of the layer-2 QK identity cosine
+    bound_step: float  # centre of the steepest rise of `=`'s attention to the bound value(s)
+    routing_step: float  # centre of the steepest rise of the layer-1 previous-token score (prerequisite)
+    refine_step: float  # centre of the steepest rise of the hard-case accuracy after the jump
     refine_rise: float
     window: float
 
@@ -367,75 +442,112 @@ class Phases:
         return {k: v for k, v in marks.items() if not math.isnan(v)}
 
 
+def default_window(steps) -> float:
+    """1/20 of the run, and at least two evaluation intervals."""
+    steps = np.sort(np.asarray(steps, float))
+    return max(steps[-1] / 20, 2 * float(np.median(np.diff(steps))) if len(steps) > 1 else 1.0)
+
+
 def detect_phases(metrics: pd.DataFrame, member: int = 0, window: float | None = None,
                   min_rise: float = 0.2, level: float = 0.9) -> Phases:
-    """The three phases of training, detected from the evaluation curves of one member.
+    """The phases of training, detected from the evaluation curves of one member.
 
-    - addition: first step where 0-var accuracy on training pairs reaches `level`;
-    - jump: centre of the `window` of steepest rise of the variable accuracy (mean of the
-      1-var and 2-var training pools, `VAR_POOLS`), with the routing step - where the layer-1
-      routing score crosses half-way between its first and final value - for comparison;
+    - addition: first step where 0-var accuracy on training pairs reaches `level`; the first of
+      the 1-var and 2-var training accuracies reaches `level` at `variable_step` and 0.5 at
+      `var_half_step`, where the 0-var accuracy is `zero_at_var_half`;
+    - jump: centre of the `window` of steepest rise of the variable accuracy (mean of the 1-var
+      and 2-var training pools, `VAR_POOLS`); `jump_share` is that rise over the curve's whole
+      rise (a sharp jump does most of its learning within one window);
+    - the circuit (AA-2): centres of the windows of steepest rise of the layer-2 QK identity
+      cosine (`qk_identity`) and of `=`'s attention to the bound value(s) (mean of `bound_1var`
+      and `bound_2var`); the layer-1 previous-token score (`routing`) likewise, for comparison;
     - refinement: centre of the window of steepest rise of the hard-case accuracy (mean of the
-      var-restricted pools, `HARD_POOLS`) among windows that start at least one window after the
-      jump. A phase whose rise is below `min_rise` is not detected (NaN).
-    window defaults to 1/20 of the run (at least two evaluations).
+      var-restricted pools, `HARD_POOLS`) among windows that start after the jump's window.
+    A jump or refinement whose rise is below `min_rise` is not detected (NaN); without a jump
+    there is no refinement. window defaults to `default_window` (1/20 of the run).
     """
     m = metrics[metrics.member == member].sort_values("step")
+    if m.empty:
+        raise ValueError(f"member={member} has no metrics; members: {sorted(metrics.member.unique())}")
     steps = m.step.to_numpy(float)
-    if window is None:
-        window = max(steps[-1] / 20, 2 * float(np.median(np.diff(steps))) if len(steps) > 1 else 1.0)
+    window = default_window(steps) if window is None else float(window)
     zero = m["acc_zero_var_train"].to_numpy()
-    one = m["acc_one_var_train"].to_numpy()
     var = m[[f"acc_{p}" for p in VAR_POOLS]].mean(axis=1).to_numpy()
     hard = m[[f"acc_{p}" for p in HARD_POOLS]].mean(axis=1).to_numpy()
-    jump, jump_rise = steepest_rise(steps, var, window)
+    at_level = [curves.crossing_step(steps, m[f"acc_{p}"], level) for p in VAR_POOLS]
+    at_half = [curves.crossing_step(steps, m[f"acc_{p}"], 0.5) for p in VAR_POOLS]
+    variable_step, var_half = float(np.fmin(*at_level)), float(np.fmin(*at_half))
+
+    jump, jump_rise = curves.steepest_rise(steps, var, window)
+    whole = float(var.max() - var[0])
+    jump_share = jump_rise / whole if whole > 0 else float("nan")
     if not jump_rise >= min_rise:
         jump = float("nan")
-    routing = float("nan")
-    if "routing" in m:
-        r = m["routing"].to_numpy()
-        routing = crossing_step(steps, r, r[0] + 0.5 * (r[-1] - r[0])) if r[-1] > r[0] else float("nan")
-    refine, refine_rise = (steepest_rise(steps, hard, window, after=jump + window / 2)
+
+    def rise_of(columns):
+        if not all(c in m for c in columns):
+            return float("nan")
+        return curves.steepest_rise(steps, m[list(columns)].mean(axis=1).to_numpy(), window)[0]
+
+    refine, refine_rise = (curves.steepest_rise(steps, hard, window, after=jump + window / 2)
                            if not math.isnan(jump) else (float("nan"), float("nan")))
     if not refine_rise >= min_rise:
         refine = float("nan")
-    return Phases(addition_step=crossing_step(steps, zero, level), variable_step=crossing_step(steps, one, level),
-                  jump_step=jump, jump_rise=jump_rise, routing_step=routing, refine_step=refine,
-                  refine_rise=refine_rise, window=float(window))
+    return Phases(addition_step=curves.crossing_step(steps, zero, level), variable_step=variable_step,
+                  var_half_step=var_half, zero_at_var_half=curves.value_at(steps, zero, var_half),
+                  jump_step=jump, jump_rise=jump_rise, jump_share=jump_share,
+                  qk_step=rise_of(["qk_identity"]), bound_step=rise_of(["bound_1var", "bound_2var"]),
+                  routing_step=rise_of(["routing"]), refine_step=refine, refine_rise=refine_rise,
+                  window=window)
 
 
-def value_at(metrics: pd.DataFrame, column: str, step: float, member: int = 0) -> float:
-    """The curve's value at `step` (linear interpolation)."""
-    m = metrics[metrics.member == member].sort_values("step")
-    return float(np.interp(step, m.step, m[column]))
+def phases_table(metrics: pd.DataFrame, window: float | None = None) -> pd.DataFrame:
+    """`detect_phases` of every member, one row per member (index: member), with its seed."""
+    rows = []
+    for member in sorted(metrics.member.unique()):
+        seed = metrics.loc[metrics.member == member, "seed"].iloc[0] if "seed" in metrics else member
+        rows.append({"member": int(member), "seed": int(seed), **asdict(detect_phases(metrics, member, window))})
+    return pd.DataFrame(rows).set_index("member")
 
 
-def checkpoint_before(run: Run, step: float) -> int:
+def hard_final_accuracy(metrics: pd.DataFrame) -> pd.Series:
+    """Per member: the lowest final accuracy of the three hard (var-restricted) pools."""
+    last = metrics[metrics.step == metrics.step.max()].set_index("member").sort_index()
+    return last[[f"acc_{p}" for p in HARD_POOLS]].min(axis=1)
+
+
+def checkpoint_before(run, step: float) -> int:
     """The last checkpoint strictly before `step` (the first checkpoint if none)."""
-    ckpts = run.checkpoint_steps()
-    before = [s for s in ckpts if s < step]
-    return before[-1] if before else ckpts[0]
+    before = [s for s in run.checkpoint_steps() if s < step]
+    return before[-1] if before else run.checkpoint_steps()[0]
 
 
-def checkpoint_after(run: Run, step: float) -> int:
+def checkpoint_after(run, step: float) -> int:
     """The first checkpoint at or after `step` (the last checkpoint if none)."""
+    after = [s for s in run.checkpoint_steps() if s >= step]
+    return after[0] if after else run.checkpoint_steps()[-1]
+
+
+def stage_checkpoint(run, phases: Phases) -> int | None:
+    """AA-12's stage: the last checkpoint before the jump's window, where layer 2 does not match
+    variables yet. None when no jump was detected (there is then no such stage to name)."""
+    if math.isnan(phases.jump_step):
+        return None
+    return checkpoint_before(run, phases.jump_step - phases.window / 2)
+
+
+def transition_checkpoints(run, phases: Phases) -> dict[str, int]:
+    """Checkpoints that bracket the phases: first, before and after the jump, after the refinement, final."""
     ckpts = run.checkpoint_steps()
-    after = [s for s in ckpts if s >= step]
-    return after[0] if after else ckpts[-1]
-
-
-def transition_checkpoints(run: Run, phases: Phases) -> dict[str, int]:
-    """Checkpoints that bracket the phases: before and after the jump, after the refinement, final."""
-    out = {"init": 0}
+    out = {"init": ckpts[0]}
     if not math.isnan(phases.jump_step):
         out["before jump"] = checkpoint_before(run, phases.jump_step - phases.window / 2)
         out["after jump"] = checkpoint_after(run, phases.jump_step + phases.window / 2)
     if not math.isnan(phases.refine_step):
         out["after refinement"] = checkpoint_after(run, phases.refine_step + phases.window / 2)
-    out["final"] = run.train_config.steps
-    # keep the order, drop repeats of the same checkpoint
+    out["final"] = ckpts[-1]
     seen, unique = set(), {}
-    for k, v in out.items():
+    for k, v in out.items():  # keep the order, drop repeats of the same checkpoint
         if v not in seen:
             unique[k], _ = v, seen.add(v)
     return unique
@@ -462,8 +574,7 @@ class MemberPoolAccuracy:
     """Evaluation callback with one set of pools per member (per-member data): `acc_<name>` [K].
 
     pools: {name: [Batch for member 0, ..., member K-1]}; batches of different lengths are padded
-    and the padding is not counted. A name with several batches per member, given as a tuple of
-    lists, is scored on their union.
+    and the padding is not counted.
     """
 
     def __init__(self, pools: dict[str, list[Batch]]):
@@ -512,16 +623,24 @@ def sweep_evaluator(tasks: Sequence[AssignAddTask], pool_size: int) -> MemberPoo
     return MemberPoolAccuracy(pools)
 
 
+def sweep_split(cfg) -> str:
+    """The sweeps' pair split: the chapter's rule (`authors` or `book`), re-drawn at each member's f.
+    A file of pairs fixes one split, which no other f can use, so the sweeps then take `authors`."""
+    split = cfg.get("pair_split") or "authors"
+    return split if split in PAIR_SPLITS else "authors"
+
+
 def _sweep(cfg, name: str, kind: str) -> tuple[Run, pd.DataFrame]:
     values = cfg.f_values if kind == "f" else cfg.r_values
     members = sweep_members(values, cfg.sweep_seeds)
-    tasks = [make_task(cfg, train_fraction=v) if kind == "f" else make_task(cfg, two_var_ratio=v)
-             for v in members.value]
-    tc = TrainConfig(steps=cfg.sweep_steps, batch_size=cfg.sweep_batch_size,
-                            seeds=tuple(members.member_seed), lr=cfg.sweep_lr, weight_decay=cfg.weight_decay,
-                            eval_every=cfg.sweep_eval_every, checkpoint_every=None, log_checkpoints=4)
+    split = sweep_split(cfg)
+    tasks = [make_task(cfg, train_fraction=v, pair_split=split) if kind == "f"
+             else make_task(cfg, two_var_ratio=v, pair_split=split) for v in members.value]
+    tc = TrainConfig(steps=cfg.sweep_steps, batch_size=cfg.sweep_batch_size, seeds=tuple(members.member_seed),
+                     lr=cfg.sweep_lr, weight_decay=cfg.weight_decay, eval_every=cfg.sweep_eval_every,
+                     checkpoint_every=None, log_checkpoints=4)
     run = _train_run(name, model_config(cfg, cfg.sweep_d_model, cfg.sweep_d_mlp), tasks, tc,
-                       evaluate=sweep_evaluator(tasks, cfg.sweep_pool_size), init_fn=sweep_init)
+                     evaluate=sweep_evaluator(tasks, cfg.sweep_pool_size), init_fn=sweep_init)
     return run, members
 
 
@@ -542,112 +661,71 @@ def sweep_table(run: Run, members: pd.DataFrame, step: int | None = None) -> pd.
     return members.merge(m[m.step == step].drop(columns=["seed"]), on="member")
 
 
-def threshold(values, accuracies, level: float = 0.9) -> float:
-    """Smallest sweep value at which the mean accuracy (over seeds) reaches `level`.
-
-    Values are grouped and sorted; at the first value whose mean reaches the level the threshold
-    is interpolated linearly from the previous value; the smallest value if it already does;
-    NaN if none does.
-    """
-    df = pd.DataFrame({"x": np.asarray(values, float), "y": np.asarray(accuracies, float)})
-    g = df.groupby("x").y.mean().sort_index()
-    return crossing_step(g.index.to_numpy(), g.to_numpy(), level)
-
-
 # =============================================================================
 # Residual stream, MLP and probes (AA-8, AA-9)
 # =============================================================================
 
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1)
-
-
-@torch.no_grad()
 def residual_at(model: ToyTransformer, tokens: torch.Tensor, hook: str = "blocks.1.hook_resid_mid",
-                position: int = -1) -> torch.Tensor:
-    from ..analysis.ace import collect_activations
-
+                position: int | str = -1) -> torch.Tensor:
     return collect_activations(model, tokens, hook, position=position)
 
 
-def residual_cosines(model: ToyTransformer, task: AssignAddTask, n: int = 1000, seed: int = 0,
-                     hook: str = "blocks.1.hook_resid_mid") -> pd.DataFrame:
-    """Residual vectors before the layer-2 MLP at `=`: variable vs constant additions.
+def residual_cosines(model: ToyTransformer | None, task: AssignAddTask, n: int = 1000, seed: int = 0,
+                     hook: str = "blocks.1.hook_resid_mid",
+                     residual: Callable[[torch.Tensor], torch.Tensor] | None = None) -> pd.DataFrame:
+    """Residual vectors before the layer-2 MLP at `=`: variable vs constant additions (AA-8).
 
-    For n random pairs (n1, n2) (training pairs) and each variable form - 1-var left (x in a..j),
-    1-var right (y in c..l), 2-var (x in c..j, y in c..l, x != y), all training positions - the
-    cosine between the variable sequence's vector and the 0-var `+ n1 n2 =` vector of the same
-    values (`matched`), the same with the 0-var vector of another random pair (`mismatched`), and
-    both after subtracting the mean vector of all these sequences (`*_centred`).
-    One row per (form, sequence).
+    n distinct training pairs (n1, n2) (cycled if n exceeds them), and for each pair one sequence
+    of each variable form at training positions - 1-var left (x in a..j), 1-var right (y in c..l),
+    2-var (x, y) drawn uniformly from the 92 training pairs of variables - and the 0-var sequence
+    `+ n1 n2 =`. Per form, `analysis.representations.paired_cosines` of the variable vectors with
+    the constant vectors: `matched` (same values), `mismatched` (the constant sequence of the
+    next pair, a different one), and both `_centred` (the mean of the form's and the constant
+    vectors subtracted). One row per (form, pair).
+
+    residual(tokens) -> [B, d] replaces reading `hook` of `model` at the last position (a test
+    gives a function with known residuals).
     """
+    from ..analysis.representations import paired_cosines
+
+    read = residual or (lambda tokens: residual_at(model, tokens, hook))
     g = torch.Generator().manual_seed(seed)
-    pair = task.train_pairs[torch.randint(len(task.train_pairs), (n,), generator=g)]
+    order = torch.randperm(len(task.train_pairs), generator=g)
+    pair = task.train_pairs[order[torch.arange(n) % len(order)]]
     n1, n2 = pair // task.modulus, pair % task.modulus
     left = torch.tensor(TWO_VAR_LEFT)[torch.randint(len(TWO_VAR_LEFT), (n,), generator=g)]
-    right_pool = torch.tensor(TWO_VAR_RIGHT)
-    right = right_pool[torch.randint(len(right_pool), (n,), generator=g)]
-    right = torch.where(right == left, right_pool[(right_pool == 11).nonzero()[0, 0]], right)  # x != y
-    left_any = torch.tensor([v for v in range(N_VARS) if v not in NOT_LEFT])[torch.randint(10, (n,), generator=g)]
-    const = residual_at(model, task.make_batch(n1, n2, seed=seed).tokens, hook)
-    forms = {"1-var left": task.make_batch(n1, n2, left_var=left_any, seed=seed + 1).tokens,
+    right = torch.tensor(TWO_VAR_RIGHT)[torch.randint(len(TWO_VAR_RIGHT), (n,), generator=g)]
+    xy = task._combos["train"][torch.randint(len(task._combos["train"]), (n,), generator=g)]
+    const = read(task.make_batch(n1, n2, seed=seed).tokens)
+    forms = {"1-var left": task.make_batch(n1, n2, left_var=left, seed=seed + 1).tokens,
              "1-var right": task.make_batch(n1, n2, right_var=right, seed=seed + 2).tokens,
-             "2-var": task.make_batch(n1, n2, left_var=left, right_var=right, seed=seed + 3).tokens}
-    acts = {k: residual_at(model, t, hook) for k, t in forms.items()}
-    mean = torch.cat([const, *acts.values()]).mean(0)
-    shift = torch.roll(torch.arange(n), 1)  # another pair (pairs repeat only by chance)
+             "2-var": task.make_batch(n1, n2, left_var=xy[:, 0], right_var=xy[:, 1], seed=seed + 3).tokens}
     rows = []
-    for form, a in acts.items():
-        frame = pd.DataFrame({
-            "form": form, "n1": n1.numpy(), "n2": n2.numpy(),
-            "matched": _cosine(a, const).numpy(), "mismatched": _cosine(a, const[shift]).numpy(),
-            "matched_centred": _cosine(a - mean, const - mean).numpy(),
-            "mismatched_centred": _cosine(a - mean, const[shift] - mean).numpy()})
-        rows.append(frame)
+    for form, tokens in forms.items():
+        cos = paired_cosines(read(tokens), const)
+        rows.append(pd.DataFrame({"form": form, "n1": n1.numpy(), "n2": n2.numpy(),
+                                  **{k: v.numpy() for k, v in cos.items()}}))
     return pd.concat(rows, ignore_index=True)
 
 
-@torch.no_grad()
 def mlp_preactivation_grid(model: ToyTransformer, task: AssignAddTask, n_layouts: int = 4, seed: int = 0,
                            hook: str = "blocks.1.mlp.hook_pre") -> torch.Tensor:
     """Layer-2 MLP pre-activations at `=` for every 0-var sum `+ n m =`, as [N, N, d_mlp]
-    (axis 0 = n, axis 1 = m), averaged over `n_layouts` random prefixes (distractors, padding)."""
-    N = task.modulus
-    n, m = torch.meshgrid(torch.arange(N), torch.arange(N), indexing="ij")
+    (axis 0 = n, axis 1 = m), averaged over `n_layouts` random prefixes (distractors, padding);
+    each layout is read by `analysis.fourier.collect_grid_activations`."""
     total = 0
     for s in range(n_layouts):
-        tokens = task.make_batch(n.flatten(), m.flatten(), seed=seed + s).tokens
-        total = total + residual_at(model, tokens, hook)
-    return (total / n_layouts).reshape(N, N, -1)
+        total = total + fourier.collect_grid_activations(
+            model, lambda n, m: task.make_batch(n, m, seed=seed + s).tokens, hook, task.modulus)
+    return total / n_layouts
 
 
-def probe_accuracy(X_train, y_train, X_test, y_test, n_classes: int | None = None, ridge: float = 1e-3) -> float:
-    """Accuracy of a closed-form ridge-regression probe onto one-hot labels (argmax decoding).
-
-    Features are standardised with the training mean and std; ridge is relative to the mean
-    eigenvalue of the training Gram matrix.
-    """
-    X_train, X_test = torch.as_tensor(X_train, dtype=torch.float64), torch.as_tensor(X_test, dtype=torch.float64)
-    y_train, y_test = torch.as_tensor(y_train).long(), torch.as_tensor(y_test).long()
-    k = n_classes or int(max(y_train.max(), y_test.max())) + 1
-    mu, sd = X_train.mean(0), X_train.std(0).clamp(min=1e-8)
-    A = torch.cat([(X_train - mu) / sd, torch.ones(len(X_train), 1, dtype=torch.float64)], 1)
-    B = torch.cat([(X_test - mu) / sd, torch.ones(len(X_test), 1, dtype=torch.float64)], 1)
-    Y = torch.nn.functional.one_hot(y_train, k).double()
-    gram = A.T @ A
-    lam = ridge * gram.diagonal().mean()
-    W = torch.linalg.solve(gram + lam * torch.eye(gram.shape[0], dtype=torch.float64), A.T @ Y)
-    return float(((B @ W).argmax(1) == y_test).double().mean())
-
-
-@torch.no_grad()
 def variable_probe_data(model: ToyTransformer, task: AssignAddTask, tokens: torch.Tensor,
                         hook: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(activations, variable id) at every assigned number token: what a probe for "which variable
     is this number bound to" reads at `hook`."""
     acts = residual_at(model, tokens, hook, position="all")  # [B, T, D]
-    mask = value_positions(tokens, task)
-    b, p = mask.nonzero(as_tuple=True)
+    b, p = value_positions(tokens, task).nonzero(as_tuple=True)
     return acts[b, p], tokens[b, p - 1] - task.VAR0
 
 
@@ -724,44 +802,30 @@ def block_energy(M_basis: torch.Tensor, task: AssignAddTask) -> pd.DataFrame:
                          for kg, ki in groups.items()})
 
 
-@torch.no_grad()
-def variable_directions(model: ToyTransformer, task: AssignAddTask, tokens: torch.Tensor,
-                        layer: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """How the residual stream entering `layer` encodes variables, at the query and at the keys.
+def theory_qk_block(tokens: torch.Tensor, task: AssignAddTask) -> torch.Tensor:
+    """The associative-memory block the gradient theory predicts [12, 12] (query variable x key variable),
+    up to a positive factor, for the training sequences `tokens`.
 
-    query [12, d]: mean residual at `=` of the 1-var sequences whose operand is variable v, minus
-    the mean over the 1-var sequences with an operand on the same side (see below); key [12, d]: mean residual at an assigned number token bound to v,
-    minus the mean over all assigned numbers. Subtracting the means removes what every query (or
-    key) shares, so a bilinear form read along these directions shows only how it depends on the
-    variables. Variables that never occur get zero rows.
+    The idealised stage: layer 1 already routes (each assigned number carries its variable v',
+    the query at `=` carries the variable operand(s)), layer 2 attends uniformly over the T = 16
+    keys, and only the bound value(s) help the loss. Then -dL/ds_k is proportional to
+    1[k bound] - B/T for a sequence with B bound values, and -dL/dW_QK sums, over sequences,
+    (queried variable)^T (variable carried by key k) weighted by that coefficient: entry (u, v)
+    adds 1 - B/T when v's value is bound and u is queried, and -B/T when v is an assigned
+    distractor. A 2-var query carries both its variables, so each sees both bound values.
     """
-    x = residual_at(model, tokens, f"blocks.{layer}.hook_resid_pre", position="all").double()  # [B, T, d]
     parsed = task.parse(tokens)
-    mask = value_positions(tokens, task)
-    b, p = mask.nonzero(as_tuple=True)
-    key = _cond_means(x[b, p], tokens[b, p - 1] - task.VAR0)
-    # queries: centred within each side (left / right operand), then averaged over the sides a
-    # variable occurs on - in training a, b are only left operands and k, l only right ones, so
-    # centring over both sides at once would mix "which side" into "which variable"
-    sums, counts = torch.zeros(N_VARS, x.shape[-1], dtype=torch.float64), torch.zeros(N_VARS, 1)
-    for seq_type, side in ((1, "left_var"), (2, "right_var")):
-        rows = parsed["seq_type"] == seq_type
-        if rows.any():
-            labels = parsed[side][rows]
-            sums += _cond_means(x[rows, -1], labels)
-            counts += torch.bincount(labels, minlength=N_VARS)[:, None].clamp(max=1)
-    return sums / counts.clamp(min=1), key
-
-
-def _cond_means(X: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """[12, d]: mean of X over each label minus the mean of X (zero rows for absent labels)."""
-    out = torch.zeros(N_VARS, X.shape[1], dtype=torch.float64)
-    for v in range(N_VARS):
-        if (labels == v).any():
-            out[v] = X[labels == v].mean(0) - X.mean(0)
-    return out
-
-
-def read_form(M: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """query M key^T: a bilinear form [d, d] read along query [n, d] and key [m, d] directions."""
-    return query.double() @ M.double() @ key.double().T
+    values = value_positions(tokens, task)
+    bound = bound_targets(tokens, task)
+    n_bound = bound.sum(1, keepdim=True).double()
+    coef = (bound.double() - n_bound / SEQ_LEN) * values.double()  # only assigned numbers carry a variable
+    carried = torch.zeros(*tokens.shape, N_VARS, dtype=torch.float64)  # key position -> its variable, one-hot
+    b, p = values.nonzero(as_tuple=True)
+    carried[b, p, tokens[b, p - 1] - task.VAR0] = 1.0
+    key_side = torch.einsum("bk,bkv->bv", coef, carried)  # [B, 12]
+    query_side = torch.zeros(len(tokens), N_VARS, dtype=torch.float64)
+    for side in ("left_var", "right_var"):
+        v = parsed[side]
+        ok = v >= 0
+        query_side[ok.nonzero()[:, 0], v[ok]] += 1.0
+    return query_side.T @ key_side / len(tokens)

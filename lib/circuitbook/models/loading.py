@@ -177,3 +177,48 @@ def load_transformer_lens_checkpoint(path_or_state_dict, config: ToyConfig | Map
         for name, p in model.named_parameters():
             p.copy_(loaded[name] if name in loaded else torch.zeros_like(p))  # absent biases are zero
     return model.eval()
+
+
+# ---------------------------------------------------------------- a released training run
+
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors")
+_STEP_IN_NAME = re.compile(r"step[_-]?(\d+)", re.IGNORECASE)
+
+
+def step_of(name: str) -> int:
+    """The training step a checkpoint's file name carries: the number after `step` (`step_5301`,
+    `step-5301`, `step5301`, any case; the last one if several), else the only number in the name."""
+    stem = Path(name).name
+    for suffix in CHECKPOINT_SUFFIXES:
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+    tagged = _STEP_IN_NAME.findall(stem)
+    if tagged:
+        return int(tagged[-1])
+    numbers = re.findall(r"\d+", stem)
+    if len(numbers) != 1:
+        raise ValueError(f"checkpoint file {name!r}: cannot read its step from the name (expected e.g. "
+                         f"'checkpoint_step_5301.pth': 'step' and a number, or exactly one number)")
+    return int(numbers[0])
+
+
+def step_checkpoints(directory) -> dict[int, Path]:
+    """{step: file} for the checkpoints of a released training run: every `.pt`, `.pth` or
+    `.safetensors` file directly in `directory` (other files are ignored), the step read from the
+    file name (`step_of`). Two files with the same step, a checkpoint whose name carries no step,
+    or a directory without checkpoints is an error naming the directory and the files."""
+    path = Path(directory).expanduser()
+    if not path.is_dir():
+        raise ValueError(f"checkpoint directory {str(path)!r} is not a directory")
+    found: dict[int, Path] = {}
+    for f in sorted(path.iterdir()):
+        if not f.is_file() or not f.name.endswith(CHECKPOINT_SUFFIXES):
+            continue
+        step = step_of(f.name)
+        if step in found:
+            raise ValueError(f"checkpoint directory {str(path)!r}: {found[step].name!r} and {f.name!r} both "
+                             f"carry step {step}")
+        found[step] = f
+    if not found:
+        raise ValueError(f"checkpoint directory {str(path)!r} holds no {'/'.join(CHECKPOINT_SUFFIXES)} files")
+    return dict(sorted(found.items()))

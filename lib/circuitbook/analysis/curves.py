@@ -1,0 +1,88 @@
+"""Reading training curves and sweeps: crossings, steepest rises, thresholds.
+
+Every rule here is a documented function of the curve, so a step the book quotes is detected,
+never typed in. Curves are (steps, values) pairs; steps need not be evenly spaced (a released
+run's checkpoints often are not) and are sorted before use. Between evaluations a curve is read
+by linear interpolation.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _curve(steps, values) -> tuple[np.ndarray, np.ndarray]:
+    x, y = np.asarray(steps, float), np.asarray(values, float)
+    if x.ndim != 1 or x.shape != y.shape or len(x) == 0:
+        raise ValueError(f"steps and values must be 1-D and of the same non-zero length; got shapes "
+                         f"{x.shape} and {y.shape}")
+    order = np.argsort(x, kind="stable")
+    return x[order], y[order]
+
+
+def crossing_step(steps, values, level: float) -> float:
+    """First step at which the curve reaches `level`, linearly interpolated between evaluations
+    (the first step itself if it already does; NaN if never)."""
+    x, y = _curve(steps, values)
+    above = np.nonzero(y >= level)[0]
+    if len(above) == 0:
+        return float("nan")
+    i = above[0]
+    if i == 0:
+        return float(x[0])
+    x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
+    return float(x0 + (level - y0) / (y1 - y0) * (x1 - x0))
+
+
+def value_at(steps, values, step: float) -> float:
+    """The curve's value at `step` (linear interpolation; NaN for a NaN step)."""
+    if np.isnan(step):
+        return float("nan")
+    x, y = _curve(steps, values)
+    return float(np.interp(step, x, y))
+
+
+def steepest_rise(steps, values, window: float, after: float | None = None) -> tuple[float, float]:
+    """(step, rise): the window of `window` steps over which the curve rises most.
+
+    For each evaluation step t (with t >= after, if given) the rise is v(t + window) - v(t) on the
+    interpolated curve; the returned step is the best window's centre t + window / 2 and rise its
+    size. When consecutive windows tie (a jump shorter than the window lies inside each of
+    them), t is the middle of the first run of tied starts, so the step is the jump's centre.
+    (NaN, NaN) if no window fits inside the curve.
+    """
+    if not window > 0:
+        raise ValueError(f"window must be > 0, got {window!r}")
+    x, y = _curve(steps, values)
+    starts = x[(x + window <= x[-1] + 1e-9) & (x >= (after if after is not None else -np.inf))]
+    if len(starts) == 0:
+        return float("nan"), float("nan")
+    rise = np.interp(starts + window, x, y) - np.interp(starts, x, y)
+    best = float(rise.max())
+    tied = rise >= best - 1e-9 * max(1.0, abs(best))
+    first = int(np.argmax(tied))
+    last = first + int(np.argmin(np.append(tied[first:], False))) - 1  # end of the first run of ties
+    return float((starts[first] + starts[last]) / 2 + window / 2), best
+
+
+def threshold(values, accuracies, level: float = 0.9) -> float:
+    """The smallest sweep value from which the mean accuracy (over seeds) stays at or above `level`.
+
+    Values are grouped (seeds averaged) and sorted. The threshold lies between the last value whose
+    mean is below the level and the next one, interpolated linearly; it is the smallest value if
+    every mean reaches the level, NaN if the largest value's mean does not. So a lucky member
+    below the real threshold does not count: every larger value must generalize too.
+    """
+    x, y = np.asarray(values, float), np.asarray(accuracies, float)
+    if x.shape != y.shape or x.ndim != 1 or len(x) == 0:
+        raise ValueError(f"values and accuracies must be 1-D and of the same non-zero length; got shapes "
+                         f"{x.shape} and {y.shape}")
+    grid = np.unique(x)
+    mean = np.array([y[x == v].mean() for v in grid])
+    below = np.nonzero(mean < level)[0]
+    if len(below) == 0:
+        return float(grid[0])
+    i = below[-1]
+    if i == len(grid) - 1:
+        return float("nan")
+    x0, x1, y0, y1 = grid[i], grid[i + 1], mean[i], mean[i + 1]
+    return float(x0 + (level - y0) / (y1 - y0) * (x1 - x0))

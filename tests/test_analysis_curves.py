@@ -1,0 +1,66 @@
+"""analysis.curves: crossings, steepest rises and thresholds on curves with known answers."""
+import math
+
+import numpy as np
+import pytest
+
+from circuitbook.analysis import curves
+
+
+def sigmoid(x, centre, width, lo=0.0, hi=1.0):
+    return lo + (hi - lo) / (1 + np.exp(-(np.asarray(x, float) - centre) / width))
+
+
+def test_crossing_step_interpolates_and_sorts():
+    assert curves.crossing_step([0, 100, 200], [0.0, 0.5, 1.0], 0.75) == pytest.approx(150)
+    assert curves.crossing_step([200, 0, 100], [1.0, 0.0, 0.5], 0.75) == pytest.approx(150)  # unsorted steps
+    assert curves.crossing_step([0, 100], [0.95, 1.0], 0.9) == 0
+    assert math.isnan(curves.crossing_step([0, 100], [0.1, 0.2], 0.9))
+    with pytest.raises(ValueError, match="same non-zero length"):
+        curves.crossing_step([0, 1], [0.5], 0.1)
+
+
+def test_value_at():
+    assert curves.value_at([0, 100, 300], [0.0, 1.0, 3.0], 200) == pytest.approx(2.0)
+    assert math.isnan(curves.value_at([0, 1], [0, 1], float("nan")))
+
+
+def test_steepest_rise_finds_a_jump_at_a_known_step():
+    steps = np.arange(0, 20001, 100)
+    # a step function that jumps from 0.1 to 0.9 between steps 5300 and 5400
+    jump = np.where(steps >= 5400, 0.9, 0.1)
+    step, rise = curves.steepest_rise(steps, jump, window=1000)
+    # every window containing [5300, 5400] rises by 0.8: starts 4400..5300, whose middle 4850 + 500 is
+    # the jump's centre
+    assert (step, rise) == (pytest.approx(5350), pytest.approx(0.8))
+    # two equal jumps: the first one
+    twice = np.where(steps >= 5400, 0.5, 0.0) + np.where(steps >= 12000, 0.5, 0.0)
+    assert curves.steepest_rise(steps, twice, window=1000)[0] == pytest.approx(5350)
+    step, rise = curves.steepest_rise(steps, sigmoid(steps, 5300, 150), window=1000)
+    assert step == pytest.approx(5300, abs=50) and rise == pytest.approx(1 / (1 + math.exp(-500 / 150)) * 2 - 1, abs=0.01)
+    two = sigmoid(steps, 5300, 150, 0, 0.5) + sigmoid(steps, 15000, 300, 0, 0.5)
+    assert curves.steepest_rise(steps, two, window=1000, after=7000)[0] == pytest.approx(15000, abs=50)
+    assert math.isnan(curves.steepest_rise([0, 100], [0, 1], window=500)[0])
+    with pytest.raises(ValueError, match="window"):
+        curves.steepest_rise(steps, jump, window=0)
+
+
+def test_steepest_rise_on_uneven_steps():
+    steps = [0, 10, 100, 1000, 5000, 5301, 5400, 10000]
+    values = [0, 0, 0, 0.05, 0.1, 0.1, 0.95, 1.0]
+    step, rise = curves.steepest_rise(steps, values, window=99)
+    assert step == pytest.approx(5301 + 49.5) and rise == pytest.approx(0.85)
+
+
+def test_threshold_needs_every_larger_value_to_generalize():
+    f = np.array([0.05, 0.15, 0.25, 0.35, 0.45] * 2)
+    acc = np.array([0.0, 0.2, 0.95, 1.0, 1.0, 0.0, 0.4, 0.85, 1.0, 1.0])  # two seeds
+    # means 0, 0.3, 0.9, 1, 1 -> the mean reaches 0.9 exactly at 0.25
+    assert curves.threshold(f, acc, 0.9) == pytest.approx(0.25)
+    assert curves.threshold(f, acc, 0.6) == pytest.approx(0.15 + 0.1 * 0.3 / 0.6)
+    assert curves.threshold(f, acc, 0.0) == pytest.approx(0.05)  # every value reaches it
+    assert math.isnan(curves.threshold([0.1, 0.2], [0.1, 0.2], 0.9))
+    # a lucky value below the real threshold does not count: the mean dips again at 0.3
+    lucky = curves.threshold([0.1, 0.2, 0.3, 0.4], [0.0, 0.95, 0.5, 1.0], 0.9)
+    assert lucky == pytest.approx(0.3 + 0.1 * 0.4 / 0.5)
+    assert math.isnan(curves.threshold([0.1, 0.2, 0.3], [0.95, 1.0, 0.5], 0.9))
