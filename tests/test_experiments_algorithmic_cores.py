@@ -280,6 +280,15 @@ def test_markov_pipeline_on_a_tiny_run(runs_dir):
         ac.markov_setup(cfg, "pre-LN")
 
 
+def test_setups_side_by_side():
+    assert ac.seed_summary([3.0, 4.0, 4.0]) == "4 (3 to 4)"
+    assert ac.seed_summary([0.5, float("nan")]) == "0.5 (0.5 to 0.5), 1 not measured"
+    assert ac.seed_summary(0.123456) == "0.1235" and ac.seed_summary([float("nan")]) == "nan"
+    out = ac.compare_setups({"paper": {"x": [1.0, 2.0, 3.0]}, "book": {"x": [4.0, 4.0, 4.0]}}, {"x": "ac_x"})
+    assert out.to_dict("records") == [{"measurement": "x", "recorded as": "ac_x", "paper": "2 (1 to 3)",
+                                       "book": "4 (4 to 4)"}]
+
+
 def test_random_baselines_have_their_known_means():
     # E ||Qa^T Qb||_F^2 = ra rb / D for independent uniform subspaces, so the overlap averages sqrt(ra rb) / D
     assert ac.random_subspace_overlap(64, 3, 3, n_draws=2000) == pytest.approx(3 / 64, rel=0.05)

@@ -633,6 +633,28 @@ def markov_claim_values(exp: MarkovExperiment, members: Sequence[MarkovMember], 
     }
 
 
+def seed_summary(value) -> str:
+    """'median (min to max)' of a per-seed list, or the scalar itself, as short text."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        v = np.asarray(value, dtype=float)
+        finite = v[~np.isnan(v)]
+        if finite.size == 0:
+            return "nan"
+        text = f"{np.median(finite):.4g} ({finite.min():.4g} to {finite.max():.4g})"
+        return text + (f", {int(np.isnan(v).sum())} not measured" if np.isnan(v).any() else "")
+    return f"{float(value):.4g}"
+
+
+def compare_setups(values: dict[str, dict], keys: dict[str, str]) -> pd.DataFrame:
+    """One row per measurement, one column per setup: `seed_summary` of each setup's value.
+
+    values: setup -> `markov_claim_values` dict; keys: measurement name -> the key it is recorded under.
+    """
+    rows = [{"measurement": name, "recorded as": key, **{setup: seed_summary(v[name]) for setup, v in values.items()}}
+            for name, key in keys.items()]
+    return pd.DataFrame(rows)
+
+
 # --------------------------------------------------------------------------- grokking
 @dataclass
 class GrokkingExperiment:
