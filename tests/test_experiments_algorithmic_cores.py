@@ -366,6 +366,30 @@ def test_grokking_summary_and_growth():
     assert ac.pick_steps(range(1, 101), 5) == [1, 26, 51, 75, 100] and ac.pick_steps([3, 1, 2], 5) == [1, 2, 3]
 
 
+def test_final_frequencies_of_rotations():
+    p = 11
+    eig = np.exp(2j * np.pi * np.array([1, -1, 3, -3]) / p)
+    traj = pd.DataFrame({"step": [10, 20], "member": [0, 0], "eigenvalues": [np.array([0.5 + 0j]), eig]})
+    out = ac.final_frequencies(traj, p)
+    assert out.step.tolist() == [20] and out.frequencies[0] == [1, 3]
+    assert out["largest distance to an integer"][0] == pytest.approx(0.0, abs=1e-9)
+    assert ac.eigen_frequencies(np.exp(2j * np.pi * np.array([2.5]) / p), p) == pytest.approx([2.5])
+
+
+def test_choose_fork_step_uses_the_paper_epoch_or_the_midpoint(runs_dir):
+    cfg = SimpleNamespace(grok_p=7, grok_train_fraction=0.5, grok_layers=1, grok_d_model=8, grok_heads=2, grok_d_mlp=16,
+                          grok_lr=1e-3, grok_wd=1.0, grok_batch=8, grok_epochs=6, grok_checkpoint_every_epochs=2,
+                          grok_seeds=[0])
+    exp = ac.train_grokking(cfg)
+    spe = exp.task.steps_per_epoch(8)  # 24 training pairs at batch 8: 3 steps per epoch
+    assert spe == 3 and exp.run.checkpoint_steps() == [0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 14, 18]
+    times = pd.DataFrame({"member": [0], "tau_mem": [4.0], "tau_grok": [17.0]})
+    assert ac.choose_fork_step(exp, 3, times) == 9  # the last checkpoint at or before epoch 3 (step 9)
+    assert ac.choose_fork_step(exp, 2, times) == 6
+    assert ac.choose_fork_step(exp, None, times) == 9  # at or before the midpoint 10.5 of 4 and 17
+    assert ac.choose_fork_step(exp, None, times.assign(tau_grok=float("nan"))) == exp.run.checkpoint_steps()[1]
+
+
 def test_fit_power_law_recovers_exponents():
     rng = np.random.default_rng(0)
     x = np.repeat([0.3, 0.5, 1.0, 1.5, 2.0, 3.0], 6)
