@@ -487,3 +487,63 @@ def test_probe_data_reads_assigned_numbers():
     assert y.tolist() == [0, 9, 10]
     expected = model.W_E[torch.tensor([40, 18, 9])] + model.W_pos[torch.tensor([2, 5, 10])]
     torch.testing.assert_close(X, expected.detach())
+
+
+class Oracle:
+    """A 'model' that answers from the parsed sequence: right everywhere except, when asked, with
+    variable `b` on the right."""
+
+    def __init__(self, wrong_b_right=False):
+        self.wrong_b_right = wrong_b_right
+
+    def __call__(self, tokens, last_only=False):
+        p = TASK.parse(tokens)
+        answer = torch.where((p["right_var"] == 1) & self.wrong_b_right, (p["label"] + 1) % 59, p["label"])
+        return torch.nn.functional.one_hot(answer, 59).float()[:, None]
+
+
+def test_accuracy_by_variable_side_marks_the_held_out_cells():
+    table = ea.accuracy_by_variable_side(Oracle(), TASK, n=20)
+    assert len(table) == 24 and (table.accuracy == 1.0).all()
+    held = table[table["held out"]]
+    assert set(zip(held.variable, held.side)) == {("a", "right"), ("b", "right"), ("k", "left"), ("l", "left")}
+    wrong = ea.accuracy_by_variable_side(Oracle(wrong_b_right=True), TASK, n=20).set_index(["variable", "side"])
+    assert wrong.accuracy[("b", "right")] == 0.0 and wrong.accuracy.drop(("b", "right")).eq(1.0).all()
+
+
+def test_random_directions_block_and_why_if_missing():
+    M = torch.eye(6, dtype=torch.float64)
+    B = ea.random_directions_block(M, n=4, seed=0)
+    assert B.shape == (4, 4) and torch.allclose(B.diagonal(), torch.ones(4, dtype=torch.float64))  # unit rows
+    assert ea.why_if_missing([float("nan"), float("nan")], "no jump") == "no jump"
+    assert ea.why_if_missing([float("nan"), 3.0], "no jump") is None
+    assert ea.why_if_missing(float("nan"), "x") == "x" and ea.why_if_missing(1.0, "x") is None
+
+
+def test_phase_records_of_three_seeds_with_known_steps():
+    metrics = synthetic_metrics(shift=300, members=3)
+    table = ea.phases_table(metrics, window=1000)
+    rec = ea.phase_records(table, metrics)
+    assert rec["aa2_jump_step"] == ([5600.0, 5900.0, 6200.0], None) and rec["aa2_jump_step_run"][0] == [5600, 5900, 6200]
+    assert rec["aa2_jump_share"][0] == pytest.approx([0.9] * 3)
+    assert rec["aa2_qk_lag_windows"][0] == pytest.approx([0.0] * 3)  # QK rises at 5600 + shift, as the jump
+    assert rec["aa2_bound_lag_windows"][0] == pytest.approx([0.2] * 3)  # bound attention at 5800 + shift
+    assert rec["aa1_step_gap"][0] == pytest.approx([5888.9 - 1398.0 + 300 * k for k in range(3)], abs=0.2)
+    assert rec["aa3_refine_step"][0] == [14500, 14800, 15100] and rec["aa3_hard_final_min_acc"][0] == [0.98] * 3
+    # another pace: the timed keys are not measured, with the reason; the run's own steps stay
+    slow = ea.phase_records(table, metrics, pace=["lr 0.002 (paper: 0.001)"])
+    values, why = slow["aa2_jump_step"]
+    assert all(math.isnan(v) for v in values) and why == "step numbers are not the paper's at this pace: lr 0.002 (paper: 0.001)"
+    assert slow["aa2_jump_step_run"] == rec["aa2_jump_step_run"] and slow["aa3_refine_step"][1] == why
+    assert "not the paper's" in ea.pace_phrase(["lr"]) and "is compared" not in ea.pace_phrase(["lr"])
+    assert "compared with the paper's" in ea.pace_phrase([])
+
+
+def test_phase_records_say_why_when_nothing_was_detected():
+    metrics = synthetic_metrics()
+    for p in ea.VAR_POOLS:
+        metrics[f"acc_{p}"] = 0.1  # no jump, never 0.5
+    rec = ea.phase_records(ea.phases_table(metrics, window=1000), metrics)
+    assert rec["aa2_jump_step"][1] == ea.NO_JUMP and rec["aa2_qk_lag_windows"][1] == ea.NO_JUMP
+    assert rec["aa1_zero_var_acc_at_var_half"][1] == "the variable accuracy never reached 0.5"
+    assert rec["aa3_refine_step"][1] == ea.NO_REFINEMENT and rec["aa3_refine_rise"][1] == ea.NO_JUMP

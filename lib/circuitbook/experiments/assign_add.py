@@ -39,7 +39,7 @@ from ..analysis.ace import collect_activations
 from ..models.loading import load_transformer_lens_checkpoint, step_checkpoints
 from ..models.toy import ToyConfig, ToyTransformer
 from ..runs import atomic_write_json, read_json, runs_root
-from ..tasks.assign_add import (N_VARS, PAIR_SPLITS, POOL_NAMES, PREFIX_LEN, SEQ_LEN, TWO_VAR, TWO_VAR_LEFT,
+from ..tasks.assign_add import (N_VARS, NOT_LEFT, NOT_RIGHT, PAIR_SPLITS, PREFIX_LEN, SEQ_LEN, TWO_VAR_LEFT,
                                 TWO_VAR_RIGHT, AssignAddTask)
 from ..tasks.base import Batch
 from ..train import Ensemble, Run, TrainConfig, _tensor_digest, pool_accuracy
@@ -73,7 +73,8 @@ def train_config(cfg) -> TrainConfig:
     """AdamW (betas 0.9, 0.999), constant lr, fresh batches each step, one member per seed."""
     return TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, seeds=tuple(cfg.seeds), lr=cfg.lr,
                        weight_decay=cfg.weight_decay, eval_every=cfg.eval_every,
-                       checkpoint_every=cfg.checkpoint_every, log_checkpoints=cfg.log_checkpoints)
+                       checkpoint_every=cfg.checkpoint_every, log_checkpoints=cfg.log_checkpoints,
+                       precision=cfg.get("precision") or "fp32")
 
 
 def make_task(cfg, train_fraction: float | None = None, two_var_ratio: float | None = None,
@@ -240,6 +241,25 @@ def final_step(run) -> int:
     return run.checkpoint_steps()[-1]
 
 
+def final_models(cfg) -> tuple[list[ToyTransformer], str, "Run | ComposedRun | None"]:
+    """Every final model a notebook evaluates: one per seed of the book's main run, or the one
+    external model (`checkpoint_path`: a file, or a directory's last checkpoint). Returns
+    (models, description, the run to record values against: None for external weights)."""
+    path = cfg.get("checkpoint_path")
+    if path:
+        model, source, _ = load_model(cfg)
+        return [model], source, None
+    run = main_run(cfg)
+    return run.models() if hasattr(run, "models") else [run.model(k) for k in range(run.n_members)], \
+        f"the book's own run {run.dir.name}/{run.key}, final step, seeds {list(cfg.seeds)}", run
+
+
+def why_if_missing(values, why: str) -> str | None:
+    """`why` when every value is NaN (so the scorecard says `not measured: why`), else None."""
+    values = values if isinstance(values, (list, tuple, np.ndarray, pd.Series)) else [values]
+    return why if all(math.isnan(float(v)) for v in values) else None
+
+
 def random_init_model(model: ToyTransformer, seed: int = 0) -> ToyTransformer:
     """A model of the same architecture at a fresh random initialisation: the baseline a claim about
     trained weights must beat."""
@@ -262,6 +282,22 @@ def pool_accuracies(model: ToyTransformer, pools: dict[str, Batch], chunk: int =
                           for i in range(0, len(batch.labels), chunk)])
         out[name] = float((pred == batch.labels).float().mean())
     return out
+
+
+def accuracy_by_variable_side(model: ToyTransformer, task: AssignAddTask, n: int = 250, seed: int = 3) -> pd.DataFrame:
+    """1-var accuracy of each variable on each operand side (n training pairs per cell), with whether
+    training holds that cell out (`a`, `b` on the right, `k`, `l` on the left)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for v, name in enumerate(task.token_names()[task.VAR0:]):
+        for side in ("left", "right"):
+            pair = task.train_pairs[torch.randint(len(task.train_pairs), (n,), generator=g)]
+            kw = {"left_var": v} if side == "left" else {"right_var": v}
+            batch = task.make_batch(pair // task.modulus, pair % task.modulus, seed=seed + len(rows), **kw)
+            held = v in (NOT_RIGHT if side == "right" else NOT_LEFT)
+            rows.append({"variable": name, "side": side, "held out": held,
+                         "accuracy": pool_accuracies(model, {"cell": batch})["cell"]})
+    return pd.DataFrame(rows)
 
 
 # =============================================================================
@@ -510,6 +546,53 @@ def phases_table(metrics: pd.DataFrame, window: float | None = None) -> pd.DataF
     return pd.DataFrame(rows).set_index("member")
 
 
+NO_JUMP = "no jump detected (no window in which the variable accuracy rises by 0.2)"
+NO_REFINEMENT = "no refinement detected (no window after the jump in which the hard cases rise by 0.2)"
+
+
+def phase_records(phases: pd.DataFrame, metrics: pd.DataFrame, pace: Sequence[str] = ()) -> dict:
+    """What 02_training records for AA-1..AA-3: {key: (one value per seed, why or None)}.
+
+    phases: `phases_table`; pace: `schedule_deviations` of the run. When the run does not train at
+    the paper's pace, the timed keys (`aa2_jump_step`, `aa3_refine_step`) are NaN with that reason
+    and their values in the run's own steps go to `*_run`. A key whose every seed is NaN says why.
+    """
+    window = phases.window.to_numpy(float)
+    timing_why = ("step numbers are not the paper's at this pace: " + "; ".join(pace)) if pace else None
+
+    def seeds(values, why=None, timed=False):
+        values = [float(v) for v in values]
+        if timed and pace:
+            return [math.nan] * len(values), timing_why
+        return values, (why_if_missing(values, why) if why else None)
+
+    return {
+        "aa1_zero_var_acc_at_var_half": seeds(phases.zero_at_var_half, "the variable accuracy never reached 0.5"),
+        "aa1_step_gap": seeds(phases.variable_step - phases.addition_step,
+                              "the 0-var or the variable accuracy never reached 0.9"),
+        "aa1_addition_step": seeds(phases.addition_step),
+        "aa1_variable_step": seeds(phases.variable_step),
+        "aa2_jump_step": seeds(phases.jump_step, NO_JUMP, timed=True),
+        "aa2_jump_step_run": seeds(phases.jump_step, NO_JUMP),
+        "aa2_jump_share": seeds(phases.jump_share),
+        "aa2_qk_lag_windows": seeds((phases.qk_step - phases.jump_step).abs() / window, NO_JUMP),
+        "aa2_bound_lag_windows": seeds((phases.bound_step - phases.jump_step).abs() / window, NO_JUMP),
+        "aa2_routing_step_run": seeds(phases.routing_step),
+        "aa3_refine_rise": seeds(phases.refine_rise, NO_JUMP),
+        "aa3_refine_step": seeds(phases.refine_step, NO_REFINEMENT, timed=True),
+        "aa3_refine_step_run": seeds(phases.refine_step, NO_REFINEMENT),
+        "aa3_hard_final_min_acc": seeds(hard_final_accuracy(metrics)),
+    }
+
+
+def pace_phrase(pace: Sequence[str]) -> str:
+    """The sentence the text quotes about whether step numbers compare with the paper's."""
+    if not pace:
+        return "This run trains at the paper's pace, so its step numbers are compared with the paper's."
+    return ("This run does not train at the paper's pace (" + "; ".join(pace) + "), so its step numbers are not "
+            "the paper's: the scorecard records the timing parts of AA-2 and AA-3 as not measured and judges the rest.")
+
+
 def hard_final_accuracy(metrics: pd.DataFrame) -> pd.Series:
     """Per member: the lowest final accuracy of the three hard (var-restricted) pools."""
     last = metrics[metrics.step == metrics.step.max()].set_index("member").sort_index()
@@ -638,7 +721,7 @@ def _sweep(cfg, name: str, kind: str) -> tuple[Run, pd.DataFrame]:
              else make_task(cfg, two_var_ratio=v, pair_split=split) for v in members.value]
     tc = TrainConfig(steps=cfg.sweep_steps, batch_size=cfg.sweep_batch_size, seeds=tuple(members.member_seed),
                      lr=cfg.sweep_lr, weight_decay=cfg.weight_decay, eval_every=cfg.sweep_eval_every,
-                     checkpoint_every=None, log_checkpoints=4)
+                     checkpoint_every=None, log_checkpoints=4, precision=cfg.get("precision") or "fp32")
     run = _train_run(name, model_config(cfg, cfg.sweep_d_model, cfg.sweep_d_mlp), tasks, tc,
                      evaluate=sweep_evaluator(tasks, cfg.sweep_pool_size), init_fn=sweep_init)
     return run, members
@@ -800,6 +883,14 @@ def block_energy(M_basis: torch.Tensor, task: AssignAddTask) -> pd.DataFrame:
     M = M_basis.abs()
     return pd.DataFrame({kg: {qg: float(M[list(qi)][:, list(ki)].pow(2).mean().sqrt()) for qg, qi in groups.items()}
                          for kg, ki in groups.items()})
+
+
+def random_directions_block(M: torch.Tensor, n: int = N_VARS, seed: int = 0) -> torch.Tensor:
+    """A form M [d, d] read along n random unit directions on both sides [n, n]: what the variable
+    block would look like if the variables' directions carried nothing special (AA-12's baseline)."""
+    R = torch.randn(n, M.shape[0], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    R = R / R.norm(dim=1, keepdim=True)
+    return R @ M.double() @ R.T
 
 
 def theory_qk_block(tokens: torch.Tensor, task: AssignAddTask) -> torch.Tensor:
