@@ -78,11 +78,6 @@ def centred_logits(logits: torch.Tensor) -> torch.Tensor:
     return logits - logits.mean(-1, keepdim=True)
 
 
-def task_outputs(definition: ace.CoreDefinition) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The task outputs whose Jacobian ACE takes under `definition`: raw or centred logits."""
-    return centred_logits if definition.outputs == "centred" else (lambda logits: logits)
-
-
 def with_threshold(definition: ace.CoreDefinition, energy_threshold: float | None) -> ace.CoreDefinition:
     """`definition` with another energy threshold (None keeps its own)."""
     return definition if energy_threshold is None else replace(definition, energy_threshold=float(energy_threshold))
@@ -437,10 +432,6 @@ class MarkovMember:
     fast_error: float  # largest error over the others (0.5); nan if there are none
     op_coords: torch.Tensor  # [S, T, n_states - 1] the coordinates the operator was fitted on
     states: torch.Tensor  # [S, T] the current state at each of those positions
-
-    @property
-    def eig_rel_error(self) -> float:
-        return float(np.max(self.eig_errors)) if self.eig_errors.size else float("nan")
 
 
 def matched_eig_errors(estimated, reference) -> np.ndarray:

@@ -98,7 +98,6 @@ class MarkovSequences(FixedDataset):
         train = chain.sample(n_train, length, derive_seed("train", data_seed))
         test = chain.sample(n_test, length, derive_seed("test", data_seed))
         self.test_states = test
-        self.train_states = train
         super().__init__(train[:, :-1], train[:, 1:], vocab_size=chain.n_states, n_outputs=chain.n_states,
                          loss="next_token")
 
