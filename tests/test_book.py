@@ -5,6 +5,7 @@ One session-scoped build executes every notebook of _toc.yml through papermill
 headless Chromium opens every page.
 """
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -122,3 +123,43 @@ def test_figures_exist_for_notebooks_that_plot(smoke_book, browser):
         assert wait_until_loaded(browser) == "complete"
         n = browser.execute_script("return document.querySelectorAll('img').length")
         assert n >= at_least, page
+
+
+RAW_TEX = re.compile(r"\\\(|\\\[|\\begin\{|\$[^$\n]*[\\^_{}][^$\n]*\$")  # \(, \[, \begin{, $...$ holding TeX
+
+
+def test_math_renders_offline_without_raw_tex(smoke_book, browser):
+    """Every page with math loads MathJax from the book's own _static (never a CDN: the headless browser
+    here and a reader without network must see formulas) and typesets every formula: no raw $...$, \\(
+    or \\[ is left in the rendered text (code blocks aside)."""
+    html, _, _ = smoke_book
+    problems, with_math = [], 0
+    browser.set_script_timeout(60)
+    for page in pages(html):
+        if 'class="math' not in page.read_text(errors="replace"):
+            continue
+        with_math += 1
+        rel = page.relative_to(html).as_posix()
+        browser.get(page.as_uri())
+        wait_until_loaded(browser)
+        sources = browser.execute_script(
+            "return Array.from(document.scripts).map(s => s.src).filter(s => /mathjax/i.test(s))")
+        if not sources or any(not s.startswith("file:") for s in sources):
+            problems.append(f"{rel}: MathJax is not loaded from the book's files: {sources}")
+            continue
+        state = browser.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "if (!window.MathJax || !MathJax.startup || !MathJax.startup.promise) { done('MathJax did not start'); return; }"
+            "MathJax.startup.promise.then(() => done('ok')).catch(e => done('MathJax failed: ' + e));")
+        untypeset = browser.execute_script(
+            "return Array.from(document.querySelectorAll('.math')).filter(e => !e.querySelector('mjx-container')).length")
+        text = browser.execute_script(
+            "const c = document.body.cloneNode(true);"
+            "c.querySelectorAll('pre, code, script, style, .highlight').forEach(e => e.remove());"
+            "return c.textContent")
+        raw = RAW_TEX.findall(text)
+        if state != "ok" or untypeset or raw:
+            problems.append(f"{rel}: {state}; {untypeset} formula(s) not typeset; raw TeX {raw[:3]}")
+    assert with_math >= 3, f"only {with_math} pages have math; the leading_terms chapter alone has more"
+    assert not problems, "\n".join(problems)
+

@@ -76,13 +76,19 @@ def _pair_counts(rows: torch.Tensor, cols: torch.Tensor, weights: torch.Tensor, 
     return torch.bincount(flat, weights=weights.reshape(-1), minlength=V * V).reshape(V, V)
 
 
-def bigram_map(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int, dtype=torch.float64) -> torch.Tensor:
-    """B = (1/NT) sum_i X_i^T (Y_i - 1/|V|): B[j, k] = P(j) P(k | j) - P(j)/|V|."""
+def bigram_map(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int, dtype=torch.float64,
+               n_classes: int | None = None) -> torch.Tensor:
+    """B = (1/NT) sum_i X_i^T (Y_i - 1/|V|): B[j, k] = P(j) P(k | j) - P(j)/|V|.
+
+    n_classes: the |V| of the uniform output U_O when the ids index a subset of a larger
+    vocabulary (a language model's tokens seen in a corpus); default vocab_size. B and Phi are
+    then exact on the subset; Sigma_B and Q leave out the outputs outside it (an approximation,
+    used only for the language-model comparison of LT-6)."""
     _check_batch(inputs, targets, vocab_size)
     V, NT = vocab_size, inputs.numel()
     counts = _pair_counts(inputs, targets, torch.ones(NT, dtype=dtype), V)
     p_context = torch.bincount(inputs.reshape(-1), minlength=V).to(dtype)
-    return (counts - p_context[:, None] / V) / NT
+    return (counts - p_context[:, None] / (n_classes or V)) / NT
 
 
 def _uniform_attention_weights(T: int, dtype) -> torch.Tensor:
@@ -91,28 +97,31 @@ def _uniform_attention_weights(T: int, dtype) -> torch.Tensor:
     return a / a.sum(-1, keepdim=True)
 
 
-def context_map(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int, dtype=torch.float64,
-                chunk: int = 256) -> torch.Tensor:
-    """Phi = (1/NT) sum_i (Y_i - U_O)^T A_0 X_i, laid out (output token, context token)."""
+def context_joint(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int, dtype=torch.float64,
+                  chunk: int = 256) -> torch.Tensor:
+    """J = (1/NT) sum_i Y_i^T A_0 X_i: how often output k follows context token c under uniform
+    causal attention (sums to 1). Phi is J with its 1/|V| part removed (`context_map`)."""
     _check_batch(inputs, targets, vocab_size)
     N, T = inputs.shape
-    V = vocab_size
     A0 = _uniform_attention_weights(T, dtype)
-    total = torch.zeros(V, V, dtype=dtype)
-    context_mass = torch.zeros(V, dtype=dtype)  # sum_i sum_t (A_0 X_i)[t, c]
+    total = torch.zeros(vocab_size, vocab_size, dtype=dtype)
     for s in range(0, N, chunk):
         x, y = inputs[s:s + chunk], targets[s:s + chunk]
         n = len(x)
-        w = A0.expand(n, T, T)
-        rows = y[:, :, None].expand(n, T, T)  # output token at t
-        cols = x[:, None, :].expand(n, T, T)  # context token at j
-        total += _pair_counts(rows, cols, w, V)
-        context_mass += torch.bincount(cols.reshape(-1), weights=w.reshape(-1), minlength=V)
-    return (total - context_mass[None, :] / V) / (N * T)
+        total += _pair_counts(y[:, :, None].expand(n, T, T), x[:, None, :].expand(n, T, T), A0.expand(n, T, T),
+                              vocab_size)
+    return total / (N * T)
+
+
+def context_map(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int, dtype=torch.float64,
+                n_classes: int | None = None) -> torch.Tensor:
+    """Phi = (1/NT) sum_i (Y_i - U_O)^T A_0 X_i, laid out (output token, context token)."""
+    J = context_joint(inputs, targets, vocab_size, dtype)
+    return J - J.sum(0, keepdim=True) / (n_classes or vocab_size)
 
 
 def attention_feature(inputs: torch.Tensor, targets: torch.Tensor, B: torch.Tensor, Phi: torch.Tensor,
-                      chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+                      chunk: int = 64, n_classes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(Q, q_pos): the leading term of every layer's W and of its positional bias P.
 
     M_i[t, k] = R[y_t, x_k] - mean_a R[a, x_k] with R = Sigma_B Phi (the (Y_i - U_O) rows picked
@@ -123,7 +132,7 @@ def attention_feature(inputs: torch.Tensor, targets: torch.Tensor, B: torch.Tens
     N, T = inputs.shape
     V, dtype = B.shape[0], B.dtype
     R = (B.T @ B) @ Phi
-    r_mean = R.mean(0)
+    r_mean = R.sum(0) / (n_classes or V)  # U_O R (outputs outside the ids left out, see bigram_map)
     A0 = _uniform_attention_weights(T, dtype)
     mask = A0 > 0
     offsets = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).clamp(min=0)
@@ -141,13 +150,13 @@ def attention_feature(inputs: torch.Tensor, targets: torch.Tensor, B: torch.Tens
 
 
 def leading_stats(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int, attention: bool = True,
-                  dtype=torch.float64) -> LeadingStats:
-    """B, Sigma_B, Phi (and Q, q_pos unless attention=False) of one batch."""
-    B = bigram_map(inputs, targets, vocab_size, dtype)
-    Phi = context_map(inputs, targets, vocab_size, dtype)
+                  dtype=torch.float64, n_classes: int | None = None) -> LeadingStats:
+    """B, Sigma_B, Phi (and Q, q_pos unless attention=False) of one batch. n_classes: see bigram_map."""
+    B = bigram_map(inputs, targets, vocab_size, dtype, n_classes)
+    Phi = context_map(inputs, targets, vocab_size, dtype, n_classes)
     Q = q_pos = None
     if attention:
-        Q, q_pos = attention_feature(inputs, targets, B, Phi)
+        Q, q_pos = attention_feature(inputs, targets, B, Phi, n_classes=n_classes)
     return LeadingStats(B=B, Sigma_B=B.T @ B, Phi=Phi, Q=Q, q_pos=q_pos, n_positions=inputs.numel())
 
 

@@ -30,7 +30,10 @@ import torch.nn.functional as F
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from .registry import register_model
 
+
+@register_model
 @dataclass(frozen=True)
 class OneHotConfig:
     """The paper's model: |V| = d_vocab, T = n_ctx, L = n_layers (the paper: 3000, 200, 3)."""
