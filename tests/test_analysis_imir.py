@@ -249,3 +249,41 @@ def test_progress_measures_known_answers():
         m.unembed.W_U.copy_(eye[:, :3] * 2)
     pm = imir.progress_measures(m)
     assert pm == {"alpha": pytest.approx(2.0), "beta": pytest.approx(3.0), "gamma": pytest.approx(6.0)}
+
+
+def test_restricted_gradient_is_the_projected_full_gradient():
+    """phi are coefficients on unit, mutually orthogonal directions: the restricted model's gradient is the
+    full model's weight gradient projected on them, so SGD on phi is projected SGD on the weights."""
+    t = small_task(f_v=0.5, bos=True)
+    lay = imir.Layout.from_task(t)
+    basis = imir.IMIRBasis.concatenated(lay, 2, 1)
+    dirs = imir.two_layer_directions(basis)
+    rm = imir.IMIRConfig.with_directions(lay, dirs, init=(("alpha", 0.3), ("beta", -0.2), ("gamma", 0.5),
+                                                          ("delta", 0.7))).build(0).double()
+    full = imir.theory_model(lay, 2, 1, coords=rm.theta().detach())
+    s = t.sample(256, seed=0)
+    g_r = imir.weighted_gradient(rm, t.model_inputs(s), s.targets)["phi"]
+    g_f = imir.weighted_gradient(full, t.model_inputs(s), s.targets)
+    for i, name in enumerate(rm.direction_names):
+        unit = basis.weights(basis.direction_weights(dirs[name]))
+        norm = math.sqrt(sum(w.pow(2).sum() for w in unit.values()))
+        projected = sum((g_f[n] * unit[n]).sum() for n in unit) / norm
+        assert g_r[i].item() == pytest.approx(projected.item(), rel=1e-9, abs=1e-12)
+
+
+def test_mse_loss_on_label_embeddings():
+    t = small_task(bos=True)
+    lay = imir.Layout.from_task(t)
+    logits = torch.zeros(2, lay.n_tokens, dtype=torch.float64)
+    labels = torch.tensor([0, 3])
+    # zero output: half the squared norm of the centred label embedding, 1/2 (1 - 1/8) for 8 common tokens
+    assert imir.last_position_loss(logits, labels, "mse", lay).tolist() == pytest.approx([0.4375, 0.4375])
+    assert imir.last_position_loss(logits, labels, "ce").tolist() == pytest.approx([math.log(lay.n_tokens)] * 2)
+    with pytest.raises(ValueError, match="layout"):
+        imir.last_position_loss(logits, labels, "mse")
+    with pytest.raises(ValueError, match="loss"):
+        imir.last_position_loss(logits, labels, "hinge")
+    # Theorem 1 holds for the MSE loss too
+    basis = imir.IMIRBasis.concatenated(lay, 2, 1)
+    model = imir.theory_model(lay, 2, 1, coords=basis.random_point(4, 0.5))
+    assert imir.outside_fraction(basis, imir.expected_gradient(model, t, loss="mse")) < 1e-8

@@ -51,6 +51,19 @@ def test_every_kind_answers_from_its_context(kind):
             assert bool(s.canonical[i]) == (int(tgt[i]) == (pred ^ 1))
 
 
+def test_bos_starts_every_sequence():
+    t = BlockListTask("recall", n_pairs=6, n_blocks=3, bos=True)
+    assert t.seq_len == 8 and t.n_tokens == 13 and t.bos_token == 12
+    s = t.sample(50, seed=0)
+    assert (s.tokens[:, 0] == 12).all() and (s.tokens[:, 1:] != 12).all()
+    assert t.token_classes()[-1] == 3 and t.association()[12] == 12
+    assert t.describe(s, 0).startswith("<s> ")
+    assert t.random_automorphism(torch.Generator().manual_seed(0))[12] == 12
+    assert t.with_knobs(f_v=0.5).f_v == 0.5 and t.with_knobs(f_v=0.5).bos
+    with pytest.raises(ValueError, match="unknown knobs"):
+        t.with_knobs(width=3)
+
+
 def test_knobs_set_the_rates():
     t = BlockListTask("recall", n_pairs=10, n_rare=4, n_blocks=6, f_r=0.25, f_v=0.4, burstiness=3)
     s = t.sample(20000, seed=2)
@@ -109,7 +122,7 @@ def _max_law_change(task, move):
 @pytest.mark.parametrize("kind", ["recall", "ioi", "khop"])
 def test_symmetries_hold_exactly_on_the_enumerated_distribution(kind):
     t = BlockListTask(kind, n_pairs=4, n_rare=3 if kind == "recall" else 0, n_blocks=2, hops=2,
-                      f_r=0.5 if kind == "recall" else 0.0, f_v=0.0 if kind != "khop" else 1.0)
+                      f_r=0.5 if kind == "recall" else 0.0, f_v=0.0 if kind != "khop" else 1.0, bos=kind == "ioi")
     gen = torch.Generator().manual_seed(0)
     for _ in range(3):
         perm = t.random_automorphism(gen)

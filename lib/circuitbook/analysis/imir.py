@@ -44,8 +44,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-COMMON, RARE, FILL = 0, 1, 2
-CLASS_NAMES = {COMMON: "common", RARE: "rare", FILL: "fill"}
+COMMON, RARE, FILL, BOS = 0, 1, 2, 3
+CLASS_NAMES = {COMMON: "common", RARE: "rare", FILL: "fill", BOS: "bos"}
 
 
 # ---------------------------------------------------------------- the embedding space and its selections
@@ -54,7 +54,7 @@ CLASS_NAMES = {COMMON: "common", RARE: "rare", FILL: "fill"}
 class Layout:
     """The embedding space: V token coordinates, then L position-label coordinates.
 
-    token_classes[t] is 0 (common), 1 (rare) or 2 (filler); association[t] = C(t), a
+    token_classes[t] is 0 (common), 1 (rare), 2 (filler) or 3 (BOS); association[t] = C(t), a
     permutation that swaps each common pair and fixes every other token.
     """
 
@@ -66,8 +66,9 @@ class Layout:
         V = len(self.token_classes)
         if len(self.association) != V or sorted(self.association) != list(range(V)):
             raise ValueError(f"Layout.association must be a permutation of range({V}); got {self.association}")
-        if any(c not in (COMMON, RARE, FILL) for c in self.token_classes):
-            raise ValueError(f"Layout.token_classes must be 0 (common), 1 (rare) or 2 (filler); got {self.token_classes}")
+        if any(c not in CLASS_NAMES for c in self.token_classes):
+            raise ValueError(f"Layout.token_classes must be 0 (common), 1 (rare), 2 (filler) or 3 (BOS); "
+                             f"got {self.token_classes}")
         if not (isinstance(self.seq_len, int) and self.seq_len >= 2):
             raise ValueError(f"Layout.seq_len={self.seq_len!r} must be an integer >= 2")
 
@@ -91,7 +92,7 @@ class Layout:
         """[V, V] class-centred one-hot rows: e_t - 1_class(t) / |class(t)| (orthonormal up to centring)."""
         V = self.n_tokens
         E = torch.eye(V, dtype=dtype)
-        for cls in (COMMON, RARE, FILL):
+        for cls in CLASS_NAMES:
             m = self.class_mask(cls)
             if m.any():
                 E[m] -= m.to(dtype) / m.sum()
@@ -137,7 +138,7 @@ class Layout:
         for name, sel in self.selections(dtype).items():
             if not name.startswith("pos"):
                 out[name] = sel[:, :V].clone()
-        for cls in (COMMON, RARE, FILL):
+        for cls in CLASS_NAMES:
             m = self.class_mask(cls)
             if m.any():
                 R = torch.zeros(d0, V, dtype=dtype)
@@ -469,18 +470,22 @@ class TheoryInit:
     of the theory's transformer, and optionally puts W_QK / W_U at a point of S.
 
     coords: flat IMIR coordinates (None: keep the model's own init of W_QK / W_U, zero with
-    init_std=0); off_s_std: add i.i.d. N(0, off_s_std^2) to W_QK and W_U (seeded by the member's
-    seed), a start off S; token_embedding: "centred" (the theory) or "gaussian" (a broken
-    assumption: random, non-orthonormal token vectors).
+    init_std=0); random_scale: instead, a random point of S with N(0, random_scale^2)
+    coordinates drawn from the member's seed; off_s_std: add i.i.d. N(0, off_s_std^2) to W_QK
+    and W_U (seeded by the member's seed), a start off S; token_embedding: "centred" (the
+    theory) or "gaussian" (a broken assumption: random, non-orthonormal token vectors).
     """
 
     def __init__(self, layout: Layout, coords: torch.Tensor | Sequence[float] | None = None, off_s_std: float = 0.0,
-                 token_embedding: str = "centred"):
+                 token_embedding: str = "centred", random_scale: float | None = None):
         if token_embedding not in ("centred", "gaussian"):
             raise ValueError(f"TheoryInit.token_embedding={token_embedding!r}; expected 'centred' or 'gaussian'")
         if off_s_std < 0:
             raise ValueError(f"TheoryInit.off_s_std={off_s_std!r} must be >= 0")
+        if random_scale is not None and (random_scale <= 0 or coords is not None):
+            raise ValueError(f"TheoryInit.random_scale={random_scale!r} must be > 0 and comes instead of coords")
         self.layout, self.off_s_std, self.token_embedding = layout, float(off_s_std), token_embedding
+        self.random_scale = None if random_scale is None else float(random_scale)
         self.coords = None if coords is None else torch.as_tensor(coords, dtype=torch.float64).detach().clone()
 
     def spec(self) -> dict:
@@ -488,7 +493,7 @@ class TheoryInit:
         if self.coords is not None:
             digest = hashlib.sha256(self.coords.numpy().tobytes()).hexdigest()[:16]
         return {"theory_init": asdict(self.layout), "coords": digest, "off_s_std": self.off_s_std,
-                "token_embedding": self.token_embedding}
+                "token_embedding": self.token_embedding, "random_scale": self.random_scale}
 
     @torch.no_grad()
     def __call__(self, model, seed: int) -> None:
@@ -504,9 +509,12 @@ class TheoryInit:
         for block, (WV, WO) in zip(model.blocks, value_output_maps(lay.d0, cfg.n_layers, cfg.n_heads, cfg.head_dim, dt)):
             block.attn.W_V.copy_(WV)
             block.attn.W_O.copy_(WO)
-        if self.coords is not None:
+        coords = self.coords
+        if self.random_scale is not None:
+            coords = IMIRBasis.from_model(model, lay).random_point(int(seed), self.random_scale)
+        if coords is not None:
             basis = IMIRBasis.from_model(model, lay)
-            for name, W in basis.weights(self.coords).items():
+            for name, W in basis.weights(coords).items():
                 model.get_parameter(name).copy_(W.to(dt))
         if self.off_s_std > 0:
             gen = torch.Generator().manual_seed(int(seed) + 7919)
@@ -528,13 +536,39 @@ def theory_model(layout: Layout, n_layers: int = 2, n_heads: int = 1, coords=Non
 
 # ---------------------------------------------------------------- expected gradients
 
+LOSSES = ("ce", "mse")
+
+
+def label_targets(layout: Layout, labels: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    """[n, V] the class-centred one-hot embedding of each label: the MSE target on the label embedding."""
+    return layout.token_embedding(dtype)[labels]
+
+
+def last_position_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str = "ce",
+                       layout: Layout | None = None) -> torch.Tensor:
+    """Per-sequence loss at the last position: cross-entropy ("ce", the library's training loss) or
+    half the squared error between the output and the label's centred embedding ("mse", the
+    predecessor paper's loss; needs the layout)."""
+    if loss == "ce":
+        logp = logits.to(torch.float64).log_softmax(-1)
+        return -logp.gather(-1, labels[:, None]).squeeze(-1)
+    if loss == "mse":
+        if layout is None:
+            raise ValueError("last_position_loss: loss='mse' needs the layout (the label embeddings)")
+        target = label_targets(layout, labels).to(logits.dtype)
+        return 0.5 * (logits - target).pow(2).sum(-1).to(torch.float64)
+    raise ValueError(f"last_position_loss: loss={loss!r}; expected one of {LOSSES}")
+
+
 def weighted_gradient(model, tokens: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None,
-                      chunk: int = 4096) -> dict[str, torch.Tensor]:
-    """sum_x w(x) grad loss(x) over a set of sequences (last-position cross-entropy).
+                      chunk: int = 4096, loss: str = "ce", layout: Layout | None = None) -> dict[str, torch.Tensor]:
+    """sum_x w(x) grad loss(x) over a set of sequences (last-position loss, see `last_position_loss`).
 
     weights: probabilities of an enumerated distribution (the exact expected gradient) or None
     for the plain mean of a sample. Returns the gradient of every trainable parameter.
     """
+    if loss not in LOSSES:
+        raise ValueError(f"weighted_gradient: loss={loss!r}; expected one of {LOSSES}")
     n = tokens.shape[0]
     w = torch.full((n,), 1.0 / n, dtype=torch.float64) if weights is None else weights.to(torch.float64)
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
@@ -542,26 +576,25 @@ def weighted_gradient(model, tokens: torch.Tensor, labels: torch.Tensor, weights
         p.grad = None
     for i in range(0, n, chunk):
         logits = model(tokens[i:i + chunk], last_only=True)[:, -1]
-        logp = logits.to(torch.float64).log_softmax(-1)
-        nll = -logp.gather(-1, labels[i:i + chunk, None]).squeeze(-1)
-        (nll * w[i:i + chunk].to(nll.dtype)).sum().backward()
+        per = last_position_loss(logits, labels[i:i + chunk], loss, layout)
+        (per * w[i:i + chunk]).sum().backward()
     grads = {k: p.grad.detach().clone() for k, p in params.items()}
     for p in params.values():
         p.grad = None
     return grads
 
 
-def expected_gradient(model, task, max_outcomes: int = 2_000_000) -> dict[str, torch.Tensor]:
+def expected_gradient(model, task, max_outcomes: int = 2_000_000, loss: str = "ce") -> dict[str, torch.Tensor]:
     """The exact expected gradient of the last-position loss over the task's whole distribution
     (enumerated; for small tasks)."""
     s, prob = task.enumerate_outcomes(max_outcomes)
-    return weighted_gradient(model, task.model_inputs(s), s.targets, prob)
+    return weighted_gradient(model, task.model_inputs(s), s.targets, prob, loss=loss, layout=Layout.from_task(task))
 
 
-def sampled_gradient(model, task, n: int, seed: int) -> dict[str, torch.Tensor]:
+def sampled_gradient(model, task, n: int, seed: int, loss: str = "ce") -> dict[str, torch.Tensor]:
     """The mean gradient over n sampled sequences (a Monte-Carlo estimate)."""
     s = task.sample(n, seed)
-    return weighted_gradient(model, task.model_inputs(s), s.targets)
+    return weighted_gradient(model, task.model_inputs(s), s.targets, loss=loss, layout=Layout.from_task(task))
 
 
 def outside_fraction(basis: IMIRBasis, grads: Mapping[str, torch.Tensor]) -> float:
@@ -748,6 +781,8 @@ class IMIRModel(nn.Module):
         L = tokens.shape[-1]
         for l, theta_l in enumerate(qk):
             H, n = theta_l.shape[0], theta_l.shape[1]
+            # the key-query matrix in path coordinates (a dense product was faster than exploiting the
+            # selections' structure at every size measured, up to V = 257)
             B = torch.einsum("huvs,sij->huivj", theta_l, S).reshape(H, n * self.d0, n * self.d0)
             last = last_only and l == self.n_layers - 1
             zq = z[:, -1:] if last else z
@@ -758,8 +793,7 @@ class IMIRModel(nn.Module):
             heads = torch.einsum("bhqk,bki->bhqi", pattern, z)  # each head copies every path it sees
             z = torch.cat([zq] + [heads[:, h] for h in range(H)], -1)
         R = torch.einsum("ur,riv->uiv", ro, R).flatten(0, 1)
-        logits = z @ R
-        return logits[:, -1:] if last_only and self.n_layers == 0 else logits
+        return z @ R
 
 
 def register() -> bool:

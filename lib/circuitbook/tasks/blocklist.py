@@ -20,6 +20,9 @@ association (lexinvariant), so only the context can tell the answer. Every other
 sequence is distinct. The queried block appears `burstiness` (b) times; the remaining blocks
 are distractors of the same shape. `n_fill` filler tokens (their own class) sit in random gaps
 between blocks, so block offsets vary; the blocks' order is a uniformly random permutation.
+With bos=True every sequence starts with a beginning-of-sequence token (a class of its own):
+without it the first position, which can only attend to itself, looks to a previous-token
+head like a token preceded by itself.
 
 Positions. With offsets="cyclic" the position label of index i is (i + o) mod L, with o
 uniform per sequence: the model sees only relative positions (mod L), which makes the
@@ -55,7 +58,7 @@ from .base import Batch, step_generator
 KINDS = ("recall", "khop", "ngram", "ioi", "conditional")
 OFFSETS = ("cyclic", "fixed")
 INPUT_IDS = ("composite", "tokens")
-COMMON, RARE, FILL = 0, 1, 2
+COMMON, RARE, FILL, BOS = 0, 1, 2, 3
 
 
 @dataclass
@@ -90,7 +93,7 @@ class BlockListTask:
     def __init__(self, kind: str = "recall", *, n_pairs: int = 8, n_rare: int = 0, n_blocks: int = 4,
                  hops: int = 2, ngram: int = 3, f_r: float = 0.0, f_v: float = 0.0, burstiness: int = 1,
                  n_fill: int = 0, n_fill_tokens: int = 1, offsets: str = "cyclic", zipf: float = 0.0,
-                 input_ids: str = "composite"):
+                 input_ids: str = "composite", bos: bool = False):
         _check(kind in KINDS, "kind", kind, f"one of {KINDS}")
         for name, v, lo in (("n_pairs", n_pairs, 2), ("n_blocks", n_blocks, 1), ("hops", hops, 1),
                             ("ngram", ngram, 2), ("burstiness", burstiness, 1), ("n_rare", n_rare, 0),
@@ -102,9 +105,12 @@ class BlockListTask:
         _check(isinstance(zipf, (int, float)) and zipf >= 0, "zipf", zipf, "a number >= 0 (0: uniform)")
         _check(offsets in OFFSETS, "offsets", offsets, f"one of {OFFSETS}")
         _check(input_ids in INPUT_IDS, "input_ids", input_ids, f"one of {INPUT_IDS}")
+        _check(isinstance(bos, bool), "bos", bos, "True or False")
+        self.bos = bos
         self.kind, self.n_pairs, self.n_rare, self.n_blocks = kind, int(n_pairs), int(n_rare), int(n_blocks)
         self.hops, self.ngram, self.f_r, self.f_v = int(hops), int(ngram), float(f_r), float(f_v)
         self.burstiness, self.n_fill, self.offsets, self.zipf = int(burstiness), int(n_fill), offsets, float(zipf)
+        self.n_fill_tokens_arg = int(n_fill_tokens)
         self.n_fill_tokens = int(n_fill_tokens) if n_fill > 0 else 0
         self.input_ids = input_ids
         _check(self.n_distractors >= 0, "n_blocks", n_blocks,
@@ -148,7 +154,7 @@ class BlockListTask:
 
     @property
     def seq_len(self) -> int:
-        return self.n_blocks * self.block_len + self.n_fill + self.query_len
+        return int(self.bos) + self.n_blocks * self.block_len + self.n_fill + self.query_len
 
     @property
     def n_common(self) -> int:
@@ -156,8 +162,12 @@ class BlockListTask:
 
     @property
     def n_tokens(self) -> int:
-        """V: common, then rare, then filler tokens."""
-        return self.n_common + self.n_rare + self.n_fill_tokens
+        """V: common, then rare, then filler tokens, then the BOS token."""
+        return self.n_common + self.n_rare + self.n_fill_tokens + int(self.bos)
+
+    @property
+    def bos_token(self) -> int | None:
+        return self.n_tokens - 1 if self.bos else None
 
     @property
     def vocab_size(self) -> int:
@@ -168,8 +178,9 @@ class BlockListTask:
         return self.n_tokens
 
     def token_classes(self) -> torch.Tensor:
-        """[V] class of every token: 0 common, 1 rare, 2 filler."""
-        return torch.tensor([COMMON] * self.n_common + [RARE] * self.n_rare + [FILL] * self.n_fill_tokens)
+        """[V] class of every token: 0 common, 1 rare, 2 filler, 3 BOS."""
+        return torch.tensor([COMMON] * self.n_common + [RARE] * self.n_rare + [FILL] * self.n_fill_tokens
+                            + [BOS] * int(self.bos))
 
     def association(self) -> torch.Tensor:
         """The association map C as a token permutation [V]: swaps each common pair, fixes the rest."""
@@ -180,8 +191,17 @@ class BlockListTask:
     def spec(self) -> dict:
         return {"task": "blocklist", "kind": self.kind, "n_pairs": self.n_pairs, "n_rare": self.n_rare,
                 "n_blocks": self.n_blocks, "hops": self.hops, "ngram": self.ngram, "f_r": self.f_r, "f_v": self.f_v,
-                "burstiness": self.burstiness, "n_fill": self.n_fill, "n_fill_tokens": self.n_fill_tokens,
-                "offsets": self.offsets, "zipf": self.zipf, "input_ids": self.input_ids}
+                "burstiness": self.burstiness, "n_fill": self.n_fill, "n_fill_tokens": self.n_fill_tokens_arg,
+                "offsets": self.offsets, "zipf": self.zipf, "input_ids": self.input_ids, "bos": self.bos}
+
+    def with_knobs(self, **changes) -> "BlockListTask":
+        """The same task with some knobs changed (validated like a new task)."""
+        kw = {k: v for k, v in self.spec().items() if k != "task"}
+        unknown = sorted(set(changes) - set(kw))
+        if unknown:
+            raise ValueError(f"BlockListTask.with_knobs: unknown knobs {unknown}; knobs: {sorted(kw)}")
+        kw.update(changes)
+        return BlockListTask(**kw)
 
     def __repr__(self) -> str:
         return f"BlockListTask({', '.join(f'{k}={v!r}' for k, v in self.spec().items() if k != 'task')})"
@@ -295,7 +315,14 @@ class BlockListTask:
     def _lay_out(self, blocks: torch.Tensor, query: torch.Tensor, c: dict) -> torch.Tensor:
         """Blocks in order with fillers in their gaps, then the query: [B, L]."""
         B, nb, k = blocks.shape
-        L = self.seq_len
+        tokens = self._fill_gaps(blocks, query, c)
+        if self.bos:
+            tokens = torch.cat([torch.full((B, 1), self.bos_token, dtype=torch.long), tokens], 1)
+        return tokens
+
+    def _fill_gaps(self, blocks: torch.Tensor, query: torch.Tensor, c: dict) -> torch.Tensor:
+        B, nb, k = blocks.shape
+        L = self.seq_len - int(self.bos)
         tokens = torch.empty(B, L, dtype=torch.long)
         content = torch.cat([blocks.flatten(1), query], 1)  # [B, nb * k + q]
         if self.n_fill == 0:
@@ -378,6 +405,8 @@ class BlockListTask:
             return f"c{t}"
         if t < self.n_common + self.n_rare:
             return f"r{t - self.n_common}"
+        if self.bos and t == self.bos_token:
+            return "<s>"
         return "_" if self.n_fill_tokens == 1 else f"_{t - self.n_common - self.n_rare}"
 
     # ------------------------------------------------------------ symmetries
@@ -390,7 +419,9 @@ class BlockListTask:
         perm[1:self.n_common:2] = 2 * pair_perm + 1 - swap
         r0, f0 = self.n_common, self.n_common + self.n_rare
         perm[r0:f0] = r0 + torch.randperm(self.n_rare, generator=gen)
-        perm[f0:] = f0 + torch.randperm(self.n_fill_tokens, generator=gen)
+        perm[f0:f0 + self.n_fill_tokens] = f0 + torch.randperm(self.n_fill_tokens, generator=gen)
+        if self.bos:
+            perm[self.bos_token] = self.bos_token
         return perm
 
     def relabel(self, s: BlockListSample, perm: torch.Tensor) -> BlockListSample:
