@@ -56,7 +56,7 @@ def test_failing_notebook_stops_the_build_and_names_notebook_cell_error(mini_boo
     assert "chapters/demo/01_make.ipynb" in msg and "cell 3 (In [4]: 'if cfg.fail:')" in msg and "RuntimeError: planned failure" in msg
     assert not (mini_book / "_build" / "smoke" / "html").exists(), "nothing rendered without --keep-going"
     status = claims.scorecard("smoke")[0]["status"]
-    assert status == "not run: demo/01_make failed at profile smoke"
+    assert status == "not run: demo/01_make failed at smoke (RuntimeError: planned failure)"
 
 
 def test_keep_going_renders_failed_page_marked_as_failed(mini_book, runs_dir):
@@ -87,11 +87,13 @@ def test_run_one_with_overrides_keeps_results_apart(mini_book, runs_dir, capsys)
     assert main(["run", "demo/02_use", "--profile", "smoke", "-p", "value", "5"]) == 0
     out = capsys.readouterr().out
     executed = out.strip().splitlines()[-1]
-    assert executed.endswith("02_use.ipynb") and "smoke+custom" in executed
-    custom = context.read_results("demo", "02_use", "smoke+custom")
+    label = next(l.split(": ")[1] for l in out.splitlines() if l.startswith("results label: "))
+    assert executed.endswith("02_use.ipynb") and label.startswith("smoke+") and label in executed
+    custom = context.read_results("demo", "02_use", label)
     assert custom["values"]["demo_twice"]["value"] == 10.0 and custom["overrides"] == {"value": 5}
     row = {r["id"]: r for r in claims.scorecard("smoke")}["D-2"]
     assert row["measured"] == "demo_twice = 4", "a run with overrides never replaces the profile's result"
+    assert {r["id"]: r for r in claims.scorecard("smoke", label)}["D-2"]["measured"] == "demo_twice = 10"
 
 
 def test_toc_order_must_respect_needs(mini_book):
@@ -99,7 +101,7 @@ def test_toc_order_must_respect_needs(mini_book):
     text = toc.read_text()
     toc.write_text(text.replace("      - file: chapters/demo/01_make\n", "").replace(
         "      - file: chapters/demo/02_use\n", "      - file: chapters/demo/02_use\n      - file: chapters/demo/01_make\n"))
-    with pytest.raises(build.BuildError, match="needs demo/01_make"):
+    with pytest.raises(build.BookError, match="needs demo/01_make"):
         build.book_notebooks()
 
 

@@ -2,35 +2,39 @@
 
 `build(profile)` copies the sources to `_build/<profile>/src`, executes every
 notebook of `_toc.yml` in order with papermill (parameters: the profile),
-writes the scorecard page and the chapters' claims tables, and renders the
-staged tree with `jupyter-book build` (execution off). The HTML lands in
-`_build/<profile>/html`.
+writes the scorecard page and the chapters' "what was run" headers, and
+renders the staged tree with `jupyter-book build` (execution off). The HTML
+lands in `_build/<profile>/html`. One build per checkout and profile at a
+time: a second one waits for the first (`_build/<profile>/.lock`).
 
-An executed notebook is cached under `<runs>/executed/<profile>/` with a hash
-of its inputs: the notebook file, its resolved parameters, the library's
-source, and the hashes of the notebooks it needs. Unchanged inputs are not
-executed again. A failed notebook is never cached and never rendered as if
-it were fresh: papermill's error banner stays at its top and its results
-are marked failed, so the scorecard says so.
+An executed notebook is cached under `<runs>/executed/<profile>/` with the
+hash of its inputs (`book.notebook_inputs`: the notebook, its parameters,
+profiles.yml, the library's source, the notebooks it needs). A cache entry is
+used only when its record, its executed notebook (by SHA-256) and the
+notebook's results file (status `ok`, same inputs) all verify; anything else is
+reported by path and executed again. A failed notebook is never cached and
+never rendered as if it were fresh: papermill's error banner stays at its top
+and its results are marked failed, so the scorecard says so.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+import uuid
 from pathlib import Path
 
 import nbformat
-import yaml
 
-from . import claims, context, params
-from .runs import atomic_write_bytes, atomic_write_json, canonical_json, read_json, repo_root, runs_root
+from . import book, context, pages, params
+from .book import BookError, Notebook, book_notebooks, compute_hashes, library_hash, toc_files  # noqa: F401
+from .runs import DamagedRunError, atomic_write_bytes, atomic_write_json, read_json, repo_root, runs_root
 
 SCORECARD_MARKER = "<!-- scorecard -->"
 CLAIMS_MARKER = "<!-- claims-table -->"
@@ -41,103 +45,112 @@ class BuildError(RuntimeError):
     """A notebook failed, or the book could not be rendered."""
 
 
-@dataclass
-class Notebook:
-    path: str  # relative to the repo, with .ipynb
-    chapter: str
-    name: str  # file stem
-    input_hash: str = ""
-    needs: list[str] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        return f"{self.chapter}/{self.name}"
+class StoreError(RuntimeError):
+    """The artifact store ($CIRCUITBOOK_RUNS) cannot be used."""
 
 
-def toc_files(root: Path | None = None) -> list[str]:
-    """Every `file:` of _toc.yml in reading order (root first)."""
-    root = root or repo_root()
-    toc = yaml.safe_load((root / "_toc.yml").read_text())
-    out = [toc["root"]]
-
-    def walk(node):
-        if isinstance(node, dict):
-            if "file" in node:
-                out.append(node["file"])
-            for key in ("parts", "chapters", "sections"):
-                for child in node.get(key, []) or []:
-                    walk(child)
-        elif isinstance(node, list):
-            for child in node:
-                walk(child)
-
-    walk(toc)
-    return out
+def check_store(write: bool = True) -> Path:
+    """The run store's root, after checking that it is a folder this process can use."""
+    root = runs_root()
+    if root.exists() and not root.is_dir():
+        raise StoreError(f"the run store {root} ($CIRCUITBOOK_RUNS) is a file, not a folder")
+    if not write:
+        if root.exists() and not os.access(root, os.R_OK | os.X_OK):
+            raise StoreError(f"the run store {root} ($CIRCUITBOOK_RUNS) cannot be read (permissions)")
+        return root
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise StoreError(f"the run store {root} ($CIRCUITBOOK_RUNS) is not writable: {e.strerror or e}") from None
+    return root
 
 
-def book_notebooks(root: Path | None = None) -> list[Notebook]:
-    """The notebooks of the book in _toc.yml order, with their chapters."""
-    root = root or repo_root()
-    nbs = []
-    for f in toc_files(root):
-        path = Path(f).with_suffix(".ipynb")
-        if not (root / path).exists():
-            continue
-        parts = path.parts
-        chapter = parts[1] if parts[0] == "chapters" else params.BOOK_PSEUDO_CHAPTER
-        nbs.append(Notebook(path.as_posix(), chapter, path.stem, needs=params.needs(chapter, path.stem)))
-    _check_order(nbs)
-    return nbs
+@contextlib.contextmanager
+def build_lock(label: str, log=print):
+    """One build (or `circuitbook run` of the profile's own execution) per checkout and label at a time."""
+    path = repo_root() / "_build" / label / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another circuitbook build of {label} in this checkout to finish ({path}) ...")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
-def _check_order(nbs: list[Notebook]) -> None:
-    seen: set[str] = set()
-    for nb in nbs:
-        for need in nb.needs:
-            if f"{nb.chapter}/{need}" not in seen:
-                raise BuildError(f"_toc.yml: {nb.label} needs {nb.chapter}/{need}, which must come before it")
-        seen.add(nb.label)
+# ---------------------------------------------------------------- the execution cache
+
+def executed_path(label: str, nb: Notebook) -> Path:
+    return runs_root() / "executed" / label / nb.path
 
 
-def library_hash() -> str:
-    h = hashlib.sha256()
-    pkg = Path(__file__).resolve().parent
-    for f in sorted(pkg.rglob("*.py")):
-        h.update(f.relative_to(pkg).as_posix().encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def compute_hashes(nbs: list[Notebook], profile: str) -> None:
-    root, lib = repo_root(), library_hash()
-    by_label: dict[str, Notebook] = {}
-    for nb in nbs:
-        resolved = params.resolve(nb.chapter, nb.name, profile)
-        upstream = [by_label[f"{nb.chapter}/{n}"].input_hash for n in nb.needs]
-        blob = canonical_json({"notebook": hashlib.sha256((root / nb.path).read_bytes()).hexdigest(),
-                               "params": dict(resolved), "profiles": _profiles_hash(nb.chapter),
-                               "library": lib, "upstream": upstream, "profile": profile})
-        nb.input_hash = hashlib.sha256(blob.encode()).hexdigest()[:20]
-        by_label[nb.label] = nb
-
-
-def _profiles_hash(chapter: str) -> str:
-    return hashlib.sha256((params.chapter_dir(chapter) / "profiles.yml").read_bytes()).hexdigest()[:16]
-
-
-def executed_path(profile: str, nb: Notebook) -> Path:
-    return runs_root() / "executed" / profile / nb.path
-
-
-def cached_execution(profile: str, nb: Notebook) -> dict | None:
-    meta_path = executed_path(profile, nb).with_suffix(".json")
-    if not meta_path.exists() or not executed_path(profile, nb).exists():
+def cached_execution(label: str, nb: Notebook, log=None) -> dict | None:
+    """The cache record of `nb` if every part of the entry verifies, else None (damage is logged)."""
+    nb_path, meta_path = executed_path(label, nb), executed_path(label, nb).with_suffix(".json")
+    if not meta_path.exists():
         return None
+    problem = _cache_problem(label, nb, nb_path, meta_path)
+    if problem is None:
+        return read_json(meta_path)
+    if problem and log:
+        log(f"{nb.path}: not using its cached execution: {problem}; executing it again")
+    return None
+
+
+def _cache_problem(label: str, nb: Notebook, nb_path: Path, meta_path: Path) -> str | None:
+    """None if the entry is usable; '' if it is merely out of date; else what is wrong, naming the file."""
     try:
         meta = read_json(meta_path)
-    except Exception:
+    except DamagedRunError as e:
+        return str(e)
+    if not isinstance(meta, dict) or meta.get("status") != "ok":
+        return f"{meta_path} is damaged (not a cache record)"
+    if meta.get("input_hash") != nb.input_hash:
+        return ""  # the inputs changed: an ordinary re-execution
+    if not nb_path.exists():
+        return f"{nb_path} is missing"
+    if meta.get("sha256") != _sha256(nb_path):
+        return f"{nb_path} does not match its recorded SHA-256 (truncated or overwritten)"
+    try:
+        nbformat.read(nb_path, as_version=4)
+    except Exception as e:  # noqa: BLE001 - any unreadable notebook is damage
+        return f"{nb_path} is not a readable notebook ({type(e).__name__})"
+    try:
+        results = context.read_results(nb.chapter, nb.name, label)
+    except context.DamagedResultsError as e:
+        return str(e)
+    if results is None:
+        return f"its results file {context.results_path(nb.chapter, nb.name, label)} is missing"
+    if results.get("status") != "ok":
+        return (f"its results file {context.results_path(nb.chapter, nb.name, label)} says "
+                f"{results.get('status')!r} (an interrupted or failed execution)")
+    if results.get("input_hash") != nb.input_hash:
+        return f"its results file {context.results_path(nb.chapter, nb.name, label)} belongs to other inputs"
+    return None
+
+
+def _store_execution(label: str, nb: Notebook, executed: Path, seconds: float) -> None:
+    target = executed_path(label, nb)
+    atomic_write_bytes(target, executed.read_bytes())
+    atomic_write_json(target.with_suffix(".json"), {
+        "input_hash": nb.input_hash, "status": "ok", "seconds": round(seconds, 1), "label": label,
+        "sha256": _sha256(target), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+
+
+def _last_seconds(label: str, nb: Notebook) -> float | None:
+    try:
+        meta = read_json(executed_path(label, nb).with_suffix(".json"))
+        return float(meta["seconds"]) if isinstance(meta, dict) else None
+    except (DamagedRunError, KeyError, TypeError, ValueError):
         return None
-    return meta if meta.get("input_hash") == nb.input_hash and meta.get("status") == "ok" else None
 
 
 def estimate(nbs: list[Notebook], profile: str, force: bool) -> tuple[float, int]:
@@ -147,9 +160,7 @@ def estimate(nbs: list[Notebook], profile: str, force: bool) -> tuple[float, int
         if not force and cached_execution(profile, nb):
             cached += 1
             continue
-        meta_path = executed_path(profile, nb).with_suffix(".json")
-        last = read_json(meta_path).get("seconds") if meta_path.exists() else None
-        total += last or params.estimate_seconds(nb.chapter, nb.name, profile) or 60
+        total += _last_seconds(profile, nb) or params.estimate_seconds(nb.chapter, nb.name, profile) or 60
     return total, cached
 
 
@@ -158,13 +169,17 @@ def _fmt_seconds(s: float) -> str:
     return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
 
 
-def execute(nb: Notebook, profile: str, dest: Path, overrides: dict | None = None, log=print) -> float:
+# ---------------------------------------------------------------- executing one notebook
+
+def execute(nb: Notebook, profile: str, dest: Path, overrides: dict | None = None, log=print,
+            label: str | None = None) -> float:
     """Execute one notebook with papermill into `dest`; return seconds. Raises BuildError."""
     import papermill as pm
 
     root = repo_root()
-    label = context.results_label(profile, overrides or {})
-    tmp = dest.with_name(f".{dest.name}.running.ipynb")
+    label = label or context.results_label(profile, overrides or {})
+    execution = uuid.uuid4().hex
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{execution[:8]}.running.ipynb")
     dest.parent.mkdir(parents=True, exist_ok=True)
     parameters = {"profile": profile}
     if overrides:
@@ -172,6 +187,8 @@ def execute(nb: Notebook, profile: str, dest: Path, overrides: dict | None = Non
     env_before = dict(os.environ)
     os.environ.setdefault("CIRCUITBOOK_ROOT", str(root))
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    os.environ[context.LABEL_ENV] = label
+    os.environ[context.EXECUTION_ENV] = execution
     t0 = time.time()
     try:
         pm.execute_notebook(str(root / nb.path), str(tmp), parameters=parameters, kernel_name="python3",
@@ -180,17 +197,17 @@ def execute(nb: Notebook, profile: str, dest: Path, overrides: dict | None = Non
     except pm.PapermillExecutionError as e:
         index, first_line = _failing_cell(tmp, root / nb.path)
         _finish_failed(tmp, dest)
-        context.mark(nb.chapter, nb.name, label, "failed", f"{e.ename}: {e.evalue}")
+        context.mark(nb.chapter, nb.name, label, "failed", f"{e.ename}: {e.evalue}", execution)
         raise BuildError(f"notebook {nb.path} failed at cell {index} (In [{e.exec_count}]: {first_line!r}) "
                          f"with {e.ename}: {e.evalue}") from None
     except Exception as e:  # kernel died, bad parameters cell, ...
         _finish_failed(tmp, dest)
-        context.mark(nb.chapter, nb.name, label, "failed", f"{type(e).__name__}: {e}")
+        context.mark(nb.chapter, nb.name, label, "failed", f"{type(e).__name__}: {e}", execution)
         raise BuildError(f"notebook {nb.path} could not be executed: {type(e).__name__}: {e}") from None
     finally:
         os.environ.clear()
         os.environ.update(env_before)
-    context.mark(nb.chapter, nb.name, label, "ok")
+    context.mark(nb.chapter, nb.name, label, "ok", "", execution)
     seconds = time.time() - t0
     _strip_metadata(tmp)
     os.replace(tmp, dest)
@@ -212,7 +229,11 @@ def _failing_cell(executed: Path, source: Path) -> tuple[int | str, str]:
 def _finish_failed(tmp: Path, dest: Path) -> None:
     """Keep the partial output (papermill put its error banner at the top)."""
     if tmp.exists():
-        nb = nbformat.read(tmp, as_version=4)
+        try:
+            nb = nbformat.read(tmp, as_version=4)
+        except Exception:  # noqa: BLE001 - a notebook torn by the failure: show the source instead
+            tmp.unlink()
+            return
         banner = nbformat.v4.new_markdown_cell(
             "```{error}\nThis notebook **failed** during this build; the outputs below stop at the failing "
             "cell and are not a result.\n```")
@@ -250,6 +271,8 @@ def _not_executed(src: Path, dest: Path, profile: str) -> None:
     nbformat.write(nb, dest)
 
 
+# ---------------------------------------------------------------- staging and rendering
+
 def stage(profile: str) -> Path:
     root = repo_root()
     src = root / "_build" / profile / "src"
@@ -265,17 +288,22 @@ def stage(profile: str) -> Path:
     return src
 
 
-def write_generated_pages(src: Path, profile: str) -> None:
-    """The scorecard page and every chapter landing page's claims table."""
+def write_generated_pages(src: Path, profile: str, seconds: dict | None = None) -> None:
+    """The scorecard page and every chapter landing page's header (what was run, the verdicts)."""
+    from . import claims
+
     page = src / "book" / "scorecard.md"
     text = page.read_text() if page.exists() else SCORECARD_MARKER
-    page.write_text(text.replace(SCORECARD_MARKER, claims.scorecard_markdown(profile)))
+    page.write_text(text.replace(SCORECARD_MARKER, pages.scorecard_markdown(profile)))
+    built = time.strftime("%Y-%m-%d %H:%M")
     for chapter in claims.claim_chapters():
         if chapter == params.BOOK_PSEUDO_CHAPTER:
             continue
         index = src / "chapters" / chapter / "index.md"
         if index.exists():
-            index.write_text(index.read_text().replace(CLAIMS_MARKER, claims.claims_table_markdown(chapter)))
+            ch_seconds = {nb: (seconds or {}).get(f"{chapter}/{nb}") for nb in params.notebooks(chapter)}
+            index.write_text(index.read_text().replace(
+                CLAIMS_MARKER, pages.chapter_header(chapter, profile, ch_seconds, built)))
 
 
 def render(src: Path, profile: str, log=print) -> Path:
@@ -307,6 +335,8 @@ def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text).replace(str(repo_root()), ".")
 
 
+# ---------------------------------------------------------------- the build
+
 def build(profile: str, chapters: list[str] | None = None, force: bool = False, keep_going: bool = False,
           log=print) -> Path:
     """Build the whole book at `profile`; return the HTML folder."""
@@ -317,43 +347,45 @@ def build(profile: str, chapters: list[str] | None = None, force: bool = False, 
         if ch not in known:
             raise params.ParameterError(f"--chapter {ch!r} is not a chapter; chapters: {', '.join(known)}")
     compute_hashes(nbs, profile)  # validates every notebook's parameters before anything runs
+    _check_claims()
+    check_store()
     selected = [nb for nb in nbs if not chapters or nb.chapter in chapters]
-    seconds, cached = estimate(selected, profile, force)
-    log(f"circuitbook build: profile {profile}, {len(selected)} notebooks ({cached} cached), "
-        f"estimated {_fmt_seconds(seconds)}")
-    src = stage(profile)
-    failures = []
-    for i, nb in enumerate(nbs, 1):
-        dest = src / nb.path
-        hit = cached_execution(profile, nb)
-        if nb not in selected:
-            if hit:
+    with build_lock(profile, log):
+        seconds, cached = estimate(selected, profile, force)
+        log(f"circuitbook build: profile {profile}, {len(selected)} notebooks ({cached} cached), "
+            f"estimated {_fmt_seconds(seconds)}")
+        src = stage(profile)
+        failures, timing = [], {}
+        for i, nb in enumerate(nbs, 1):
+            dest = src / nb.path
+            hit = cached_execution(profile, nb, log if nb in selected and not force else None)
+            if nb not in selected:
+                if hit:
+                    shutil.copy2(executed_path(profile, nb), dest)
+                    timing[nb.label] = hit.get("seconds")
+                else:
+                    _not_executed(dest, dest, profile)
+                continue
+            if hit and not force:
+                log(f"[{i}/{len(nbs)}] {nb.path}: unchanged, cached ({hit['seconds']:.0f} s when executed)")
                 shutil.copy2(executed_path(profile, nb), dest)
-            else:
-                _not_executed(dest, dest, profile)
-            continue
-        if hit and not force:
-            log(f"[{i}/{len(nbs)}] {nb.path}: unchanged, cached ({hit['seconds']:.0f} s when executed)")
-            shutil.copy2(executed_path(profile, nb), dest)
-            continue
-        log(f"[{i}/{len(nbs)}] {nb.path}: executing ...")
-        try:
-            secs = execute(nb, profile, dest, log=log)
-        except BuildError as e:
-            failures.append(str(e))
-            log(f"FAILED: {e}")
+                timing[nb.label] = hit.get("seconds")
+                continue
+            log(f"[{i}/{len(nbs)}] {nb.path}: executing ...")
             executed_path(profile, nb).with_suffix(".json").unlink(missing_ok=True)
-            if not keep_going:
-                raise
-            continue
-        target = executed_path(profile, nb)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(target, dest.read_bytes())
-        atomic_write_json(target.with_suffix(".json"), {"input_hash": nb.input_hash, "status": "ok",
-                                                        "seconds": round(secs, 1), "profile": profile})
-        log(f"[{i}/{len(nbs)}] {nb.path}: done in {secs:.1f} s")
-    write_generated_pages(src, profile)
-    html = render(src, profile, log)
+            try:
+                secs = execute(nb, profile, dest, log=log, label=profile)
+            except BuildError as e:
+                failures.append(str(e))
+                log(f"FAILED: {e}")
+                if not keep_going:
+                    raise
+                continue
+            _store_execution(profile, nb, dest, secs)
+            timing[nb.label] = secs
+            log(f"[{i}/{len(nbs)}] {nb.path}: done in {secs:.1f} s")
+        write_generated_pages(src, profile, timing)
+        html = render(src, profile, log)
     log(f"HTML: {html / 'index.html'}")
     if failures:
         raise BuildError(f"{len(failures)} notebook(s) failed (the book was rendered with --keep-going):\n"
@@ -361,34 +393,59 @@ def build(profile: str, chapters: list[str] | None = None, force: bool = False, 
     return html
 
 
-def run_one(notebook: str, profile: str, overrides: dict, log=print) -> Path:
-    """Execute one notebook with parameter overrides; return the executed copy's path."""
-    root = repo_root()
-    nb = _find_notebook(notebook, root)
+def _check_claims() -> None:
+    """Every claims.yml loads (a broken ledger is refused before any compute)."""
+    from . import claims
+
+    for chapter in claims.claim_chapters():
+        claims.load_claims(chapter)
+
+
+def run_one(notebook: str, profile: str, overrides: dict, log=print, label: str | None = None,
+            force: bool = False) -> tuple[Path, str]:
+    """Execute one notebook; return (executed notebook, results label).
+
+    Without overrides (and no label) this *is* the build's execution of the notebook at the
+    profile: the same cache entry and rules (a verified cached execution is reused unless
+    `force`). With overrides the results go under `PROFILE+<hash of the overrides>` (or `label`),
+    apart from the profile's own, and the executed notebook under runs/executed/<label>/.
+    """
+    nb = _find_notebook(notebook, repo_root())
     params.resolve(nb.chapter, nb.name, profile, overrides)  # fail before compute
-    label = context.results_label(profile, overrides)
-    dest = runs_root() / "executed" / label / nb.path
-    log(f"circuitbook run: {nb.path}, profile {profile}, overrides {overrides or 'none'}")
-    secs = execute(nb, profile, dest, overrides, log)
-    log(f"done in {secs:.1f} s; executed notebook: {dest}")
-    return dest
+    check_store()
+    if label is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", label):
+        raise params.ParameterError(f"--label {label!r}: use letters, digits, '.', '_' or '-'")
+    own = not overrides and label is None
+    label = profile if own else f"{profile}+{label}" if label else context.results_label(profile, overrides)
+    nb.inputs = book.notebook_inputs(nb.chapter, nb.name, profile, overrides)
+    nb.input_hash = book.inputs_hash(nb.inputs)
+    log(f"circuitbook run: {nb.path}, profile {profile}, overrides {overrides or 'none'}; results label {label}")
+    dest = executed_path(label, nb)
+    with build_lock(label, log) if own else contextlib.nullcontext():
+        if own and not force and cached_execution(label, nb, log):
+            log(f"unchanged since its last execution at {profile}: cached ({dest})")
+            return dest, label
+        dest.with_suffix(".json").unlink(missing_ok=True)
+        try:
+            secs = execute(nb, profile, dest, overrides, log, label=label)
+        except BuildError:
+            log(f"results label {label} (the failure is recorded there)")
+            raise
+        _store_execution(label, nb, dest, secs)
+    log(f"done in {secs:.1f} s; executed notebook: {dest}; results label: {label}")
+    return dest, label
 
 
 def _find_notebook(notebook: str, root: Path) -> Notebook:
-    """Accept a path (chapters/x/02_y.ipynb) or CHAPTER/NOTEBOOK (x/02_y)."""
+    """Accept a path (chapters/x/02_y.ipynb, with or without .ipynb) or CHAPTER/NOTEBOOK (x/02_y)."""
     nbs = book_notebooks(root)
     candidate = Path(notebook)
-    if candidate.suffix == ".ipynb":
-        try:
-            rel = candidate.resolve().relative_to(root).as_posix()
-        except ValueError:
-            rel = candidate.as_posix()
-        for nb in nbs:
-            if nb.path == rel:
-                return nb
-    else:
-        for nb in nbs:
-            if nb.label == notebook.strip("/"):
-                return nb
+    rel = candidate.as_posix()
+    with contextlib.suppress(ValueError, OSError):
+        rel = candidate.resolve().relative_to(root).as_posix()
+    rel = rel.removesuffix(".ipynb")
+    for nb in nbs:
+        if nb.path.removesuffix(".ipynb") == rel or nb.label == notebook.strip("/").removesuffix(".ipynb"):
+            return nb
     raise params.ParameterError(f"unknown notebook {notebook!r}; give a path such as {nbs[0].path if nbs else '?'} "
                                 f"or CHAPTER/NOTEBOOK; notebooks: {', '.join(nb.label for nb in nbs)}")

@@ -3,12 +3,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
 
 import yaml
 
 from . import build as build_mod
-from . import claims, params
+from . import claims, context, params
+from .runs import DamagedRunError, runs_root
 
 
 def default_profile() -> str:
@@ -21,12 +28,26 @@ def default_profile() -> str:
         return "cpu"
 
 
+_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
 def _parse_value(text: str):
-    """A -p value: YAML scalar or list (`3`, `0.5`, `true`, `[1, 2]`, `adamw`)."""
+    """A -p value: YAML scalar or list (`3`, `0.5`, `1e-3`, `true`, `[1, 2]`, `adamw`).
+
+    YAML 1.1 reads `1e-3` (no dot) as a string; a value written as a number is a number here.
+    """
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+    if isinstance(value, str) and value.strip().lower().lstrip("+-.") in ("nan", "inf", "infinity"):
+        return float(value.strip().replace(".", "", 1) if value.strip().startswith((".", "-.", "+.")) else value)
+    if isinstance(value, str) and _NUMBER.match(value.strip()):
+        number = float(value)
+        return int(number) if number.is_integer() and re.fullmatch(r"[-+]?\d+", value.strip()) else number
+    if isinstance(value, list):
+        return [_parse_value(v) if isinstance(v, str) else v for v in value]
+    return value
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -56,6 +77,9 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"), default=[],
                    help="override a parameter (value parsed as YAML: 3, 0.5, true, [1, 2])")
     r.add_argument("--profile", choices=params.PROFILES, default=None, help=profile_help)
+    r.add_argument("--label", default=None, help="name the results label of a run with overrides "
+                                                 "(PROFILE+LABEL; default PROFILE+<hash of the overrides>)")
+    r.add_argument("--force", action="store_true", help="execute even if a verified cached execution exists")
 
     q = sub.add_parser("params", help="list parameters, their values per profile, types and ranges",
                        description="List every parameter of the book, a chapter or a notebook with its value at "
@@ -67,6 +91,8 @@ def make_parser() -> argparse.ArgumentParser:
                        description="Print every claim id of PAPERS.md with statement, the paper's value, the value "
                                    "measured at PROFILE, status and the run it came from.")
     s.add_argument("--profile", choices=params.PROFILES, default=None, help=profile_help)
+    s.add_argument("--label", default=None, help="grade the results recorded under this label (what `circuitbook "
+                                                 "run` printed, e.g. cpu+3fa2c1d0) with the same rules")
     s.add_argument("--json", action="store_true", help="print a JSON list of {id, status, paper, measured, profile, ...}")
     return p
 
@@ -83,7 +109,9 @@ def cmd_run(a) -> int:
         if name in overrides:
             raise params.ParameterError(f"-p {name} is given twice")
         overrides[name] = _parse_value(value)
-    out = build_mod.run_one(a.notebook, a.profile or default_profile(), overrides)
+    out, label = build_mod.run_one(a.notebook, a.profile or default_profile(), overrides, label=a.label,
+                                   force=a.force)
+    print(f"results label: {label}")
     print(out)
     return 0
 
@@ -111,8 +139,20 @@ def cmd_params(a) -> int:
 
 
 def cmd_scorecard(a) -> int:
-    profile = a.profile or default_profile()
-    rows = claims.scorecard(profile)
+    label = a.label
+    if label is not None:
+        profile = context.label_profile(label)
+        if a.profile and a.profile != profile:
+            raise params.ParameterError(f"--label {label} holds results of profile {profile}, not {a.profile}")
+        params.check_profile(profile)
+        if not (runs_root() / "results" / label).is_dir():
+            known = sorted(p.name for p in (runs_root() / "results").glob("*")) if (runs_root() / "results").is_dir() else []
+            raise params.ParameterError(f"--label {label}: no results under {runs_root() / 'results' / label}; "
+                                        f"labels: {', '.join(known) or '(none)'}")
+    else:
+        profile = a.profile or default_profile()
+    build_mod.check_store(write=False)
+    rows = claims.scorecard(profile, label)
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -120,8 +160,13 @@ def cmd_scorecard(a) -> int:
         print(f"{r['id']:<6} {r['status']}")
         print(f"       paper: {r['paper']}")
         print(f"       measured: {r['measured'] or '-'}" + (f"  (run {', '.join(r['runs'])})" if r["runs"] else ""))
-    counts = {s: sum(r["status"].startswith(s) for r in rows) for s in claims.STATUSES}
-    print(f"\nprofile {profile}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        for extra in ("baselines", "seeds"):
+            if r.get(extra):
+                print(f"       {extra}: {r[extra]}")
+        if r["deviations"]:
+            print(f"       deviations: {'; '.join(r['deviations'])}")
+    counts = claims.counts(rows)
+    print(f"\n{label or profile}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     return 0
 
 
@@ -134,9 +179,37 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     try:
         return {"build": cmd_build, "run": cmd_run, "params": cmd_params, "scorecard": cmd_scorecard}[a.command](a)
-    except (params.ParameterError, build_mod.BuildError, ValueError) as e:
-        print(f"circuitbook {a.command}: error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, (params.ParameterError, ValueError)) and not isinstance(e, build_mod.BuildError) else 1
+    except (params.ParameterError, ValueError) as e:  # bad input: nothing was computed
+        return _fail(a.command, str(e), 2)
+    except (build_mod.BuildError, build_mod.StoreError, build_mod.BookError, DamagedRunError) as e:
+        return _fail(a.command, str(e), 1)
+    except KeyboardInterrupt:
+        return _fail(a.command, "interrupted", 130)
+    except OSError as e:  # a full disk, a read-only folder, ...
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        return _fail(a.command, f"{e.strerror or e}{where}", 1)
+    except Exception as e:  # noqa: BLE001 - anything else: one line here, the traceback in a file
+        log = _write_traceback(a.command)
+        return _fail(a.command, f"{type(e).__name__}: {e} (full traceback in {log})", 1)
+
+
+def _fail(command: str, message: str, code: int) -> int:
+    print(f"circuitbook {command}: error: {message}", file=sys.stderr)
+    return code
+
+
+def _write_traceback(command: str) -> Path:
+    """Write the current exception's traceback where it can be written; return the path."""
+    name = f"circuitbook-{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    for folder in (runs_root() / "logs", Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / name
+            path.write_text(traceback.format_exc())
+            return path
+        except OSError:
+            continue
+    return Path("(nowhere: no writable folder)")
 
 
 if __name__ == "__main__":

@@ -1,21 +1,37 @@
 """The notebook being executed: which chapter, notebook and profile, which runs.
 
 `load_params()` opens a context; `train()` adds the runs it returns;
-`record()` writes into the context's results file.
+`record()` writes into the context's results file. The file carries the
+notebook's inputs (`book.notebook_inputs`), so the scorecard grades a result
+only against the code that produced it, and a status: `running` until the
+build (or `circuitbook run`) that executed the notebook marks it `ok` or
+`failed`. A result that is not `ok` is never graded.
 """
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from pathlib import Path
 
-from .runs import atomic_write_json, read_json, runs_root
+from .runs import DamagedRunError, atomic_write_json, canonical_json, read_json, runs_root
+
+LABEL_ENV = "CIRCUITBOOK_RESULTS_LABEL"  # set by the build / `circuitbook run` for the kernel
+EXECUTION_ENV = "CIRCUITBOOK_EXECUTION_ID"
+STATUSES = ("running", "ok", "failed")
 
 _current: dict | None = None
 
 
 def results_label(profile: str, overrides: dict) -> str:
-    """Results of a run with overrides never stand in for the profile's own."""
-    return profile if not overrides else f"{profile}+custom"
+    """Results of a run with overrides never stand in for the profile's own: `PROFILE+<hash>`."""
+    if not overrides:
+        return profile
+    return f"{profile}+{hashlib.sha256(canonical_json(overrides).encode()).hexdigest()[:8]}"
+
+
+def label_profile(label: str) -> str:
+    return label.split("+", 1)[0]
 
 
 def results_path(chapter: str, notebook: str, label: str) -> Path:
@@ -23,11 +39,15 @@ def results_path(chapter: str, notebook: str, label: str) -> Path:
 
 
 def begin(params) -> None:
+    from . import book
+
     global _current
-    label = results_label(params.profile, params.overrides)
+    label = os.environ.get(LABEL_ENV) or results_label(params.profile, params.overrides)
+    inputs = book.notebook_inputs(params.chapter, params.notebook, params.profile, params.overrides)
     _current = {
         "chapter": params.chapter, "notebook": params.notebook, "profile": params.profile, "label": label,
-        "overrides": params.overrides, "params": dict(params), "runs": [],
+        "overrides": params.overrides, "params": dict(params), "runs": [], "inputs": inputs,
+        "input_hash": book.inputs_hash(inputs), "execution": os.environ.get(EXECUTION_ENV, ""),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "status": "running", "values": {},
     }
     _write()
@@ -45,10 +65,13 @@ def note_run(run) -> None:
             _write()
 
 
-def set_value(key: str, value, run_key: str | None) -> None:
+def set_value(key: str, value, run_key: str | None, why: str | None = None) -> None:
     if _current is None:
         raise RuntimeError("record() needs a context: call circuitbook.load_params(...) first")
-    _current["values"][key] = {"value": value, "run": run_key}
+    entry = {"value": value, "run": run_key}
+    if why:
+        entry["why"] = why
+    _current["values"][key] = entry
     _write()
 
 
@@ -56,15 +79,41 @@ def _write() -> None:
     atomic_write_json(results_path(_current["chapter"], _current["notebook"], _current["label"]), _current)
 
 
+class DamagedResultsError(DamagedRunError):
+    """A results file that exists but cannot be read as one."""
+
+
 def read_results(chapter: str, notebook: str, label: str) -> dict | None:
+    """The recorded results, None if there are none; DamagedResultsError (naming the file) if damaged."""
     path = results_path(chapter, notebook, label)
-    return read_json(path) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        data = read_json(path)
+    except DamagedRunError as e:
+        raise DamagedResultsError(f"results file {path} is damaged ({e}); re-execute {chapter}/{notebook}") from None
+    if not (isinstance(data, dict) and isinstance(data.get("values"), dict) and data.get("status") in STATUSES):
+        raise DamagedResultsError(f"results file {path} is damaged (not a results record); "
+                                  f"re-execute {chapter}/{notebook}")
+    return data
 
 
-def mark(chapter: str, notebook: str, label: str, status: str, error: str = "") -> None:
-    """Set the status of a notebook's results after the build ran it."""
-    data = read_results(chapter, notebook, label) or {"chapter": chapter, "notebook": notebook, "profile": label,
-                                                      "label": label, "values": {}, "runs": []}
+def mark(chapter: str, notebook: str, label: str, status: str, error: str = "", execution: str = "") -> None:
+    """Set the status of a notebook's results after the build ran it.
+
+    Only a results file begun by this execution is marked `ok`: one left by an earlier
+    execution (the notebook never reached load_params this time) is marked failed.
+    """
+    try:
+        data = read_results(chapter, notebook, label)
+    except DamagedResultsError:
+        data = None
+    if data is None or (execution and data.get("execution") != execution):
+        data = {"chapter": chapter, "notebook": notebook, "profile": label_profile(label), "label": label,
+                "values": {}, "runs": [], "execution": execution}
+        if status == "ok":
+            status, error = "failed", "the notebook never called circuitbook.load_params()"
     data["status"] = status
     data["error"] = error
+    data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     atomic_write_json(results_path(chapter, notebook, label), data)

@@ -15,13 +15,22 @@ Each chapter folder (and `book/` for the tour) has a `profiles.yml`:
         defaults: {...}
         smoke: {...}       # per-notebook, per-profile values
         estimate_s: {smoke: 10, cpu: 600, full: 3600}
+        paper: {...}       # the paper's values of this notebook's knobs
+        deviations: {cpu: [...]}
+    paper: {...}           # the paper's value of each knob it fixes
+    deviations:            # what differs from the paper and is not a knob's value
+      cpu: ["samples are windows, not whole stories"]
 
 Values resolve defaults -> profile -> notebook defaults -> notebook profile ->
-overrides. Every error names the parameter and what is allowed.
+overrides. Every error names the parameter and what is allowed. A profile's
+deviations from the paper (`deviations()`) are every knob whose value differs
+from `paper` plus the `deviations` texts: generated, shown on the scorecard and
+the chapter page.
 """
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +43,9 @@ PROFILES = ("smoke", "cpu", "full")
 SCALAR_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "path": str}
 TYPES = tuple(SCALAR_TYPES) + tuple(f"list[{t}]" for t in ("int", "float", "str"))
 SPEC_KEYS = {"type", "min", "max", "choices", "nullable", "help"}
+TOP_SECTIONS = {"parameters", "defaults", "notebooks", "paper", "deviations", *PROFILES}
+NOTEBOOK_SECTIONS = {"needs", "parameters", "defaults", "estimate_s", "paper", "deviations", "resources", *PROFILES}
+INT_LIMIT = 2 ** 63  # what torch and numpy take as an integer (seeds, sizes)
 BOOK_PSEUDO_CHAPTER = "book"  # the tour and other book-level notebooks
 
 
@@ -72,14 +84,72 @@ def check_profile(profile: str) -> str:
     return profile
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+
+def _no_duplicates(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def load_yaml(path: Path):
+    """Parse a YAML file; any syntax error or duplicate key is a ParameterError naming the file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ParameterError(f"{path}: cannot be read ({e.strerror or e})") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as e:
+        raise ParameterError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+
+
+def _mapping(value, where: str, what: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ParameterError(f"{where}: {what} must be a mapping, got {type(value).__name__} ({value!r:.60})")
+    return value
+
+
 def load_profiles(chapter: str) -> dict:
     path = chapter_dir(chapter) / "profiles.yml"
-    data = yaml.safe_load(path.read_text()) or {}
-    allowed_top = {"parameters", "defaults", "notebooks", *PROFILES}
-    extra = set(data) - allowed_top
+    data = _mapping(load_yaml(path), str(path), "the file")
+    extra = set(data) - TOP_SECTIONS
     if extra:
-        raise ParameterError(f"{path}: unknown sections {sorted(extra)}; allowed: {sorted(allowed_top)}")
+        raise ParameterError(f"{path}: unknown sections {sorted(extra)}; allowed: {sorted(TOP_SECTIONS)}")
+    for section in ("parameters", "defaults", "notebooks", "paper", "deviations", *PROFILES):
+        _mapping(data.get(section), str(path), f"section {section!r}")
+    _check_deviations(data.get("deviations"), f"{path}: deviations")
+    for name, nb in (data.get("notebooks") or {}).items():
+        nb = _mapping(nb, str(path), f"notebooks.{name}")
+        extra = set(nb) - NOTEBOOK_SECTIONS
+        if extra:
+            raise ParameterError(f"{path}: notebooks.{name} has unknown keys {sorted(extra)}; "
+                                 f"allowed: {sorted(NOTEBOOK_SECTIONS)}")
+        for section in ("parameters", "defaults", "estimate_s", "paper", "deviations", "resources", *PROFILES):
+            _mapping(nb.get(section), str(path), f"notebooks.{name}.{section}")
+        if not isinstance(nb.get("needs") or [], list):
+            raise ParameterError(f"{path}: notebooks.{name}.needs must be a list of notebook names")
+        _check_deviations(nb.get("deviations"), f"{path}: notebooks.{name}.deviations")
     return data
+
+
+def _check_deviations(devs, where: str) -> None:
+    for profile, texts in (devs or {}).items():
+        if profile not in PROFILES:
+            raise ParameterError(f"{where}: {profile!r} is not a profile; profiles: {', '.join(PROFILES)}")
+        if not isinstance(texts, list) or not all(isinstance(t, str) and t.strip() for t in texts):
+            raise ParameterError(f"{where}.{profile} must be a list of non-empty strings")
 
 
 @dataclass(frozen=True)
@@ -100,6 +170,14 @@ class ParamSpec:
             raise ParameterError(f"{where}: parameter {name!r} has unknown keys {sorted(set(raw) - SPEC_KEYS)}")
         if raw["type"] not in TYPES:
             raise ParameterError(f"{where}: parameter {name!r} has type {raw['type']!r}; types: {', '.join(TYPES)}")
+        for bound in ("min", "max"):
+            v = raw.get(bound)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise ParameterError(f"{where}: parameter {name!r} has {bound} {v!r}; it must be a finite number")
+        if raw.get("choices") is not None and not isinstance(raw["choices"], list):
+            raise ParameterError(f"{where}: parameter {name!r} has choices {raw['choices']!r}; it must be a list")
+        if not isinstance(raw.get("help", ""), str) or not isinstance(raw.get("nullable", False), bool):
+            raise ParameterError(f"{where}: parameter {name!r}: help must be a string and nullable true or false")
         choices = tuple(raw["choices"]) if raw.get("choices") is not None else None
         return cls(name, raw["type"], raw.get("min"), raw.get("max"), choices, bool(raw.get("nullable")),
                    raw.get("help", ""))
@@ -119,7 +197,7 @@ class ParamSpec:
         """Return the value coerced to the declared type, or raise ParameterError."""
         def fail():
             return ParameterError(f"{where}: parameter {self.name!r} must be {self.allowed()}, "
-                                  f"got {value!r} ({type(value).__name__})")
+                                  f"got {value!r} ({type(value).__name__}){_why_not(value)}")
 
         if value is None:
             if self.nullable:
@@ -147,9 +225,11 @@ class ParamSpec:
             if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
                 raise ValueError
             v = int(v)
-        elif kind == "float":
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
+            if not -INT_LIMIT < v < INT_LIMIT:  # beyond int64: torch and numpy would fail inside the kernel
                 raise ValueError
+        elif kind == "float":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError  # NaN and infinities pass every range check, so refuse them here
             v = float(v)
         elif not isinstance(v, str):
             raise ValueError
@@ -159,6 +239,16 @@ class ParamSpec:
             if (self.min is not None and v < self.min) or (self.max is not None and v > self.max):
                 raise ValueError
         return v
+
+
+def _why_not(value) -> str:
+    """What makes a number unusable although it may look in range."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+        return "; NaN and infinities are never allowed"
+    if any(isinstance(v, int) and not isinstance(v, bool) and not -INT_LIMIT < v < INT_LIMIT for v in values):
+        return "; integers must fit in 64 bits"
+    return ""
 
 
 class Params(dict):
@@ -194,7 +284,48 @@ def _notebook_section(data: dict, chapter: str, notebook: str) -> dict:
 
 
 def needs(chapter: str, notebook: str) -> list[str]:
-    return list(_notebook_section(load_profiles(chapter), chapter, notebook).get("needs") or [])
+    out = list(_notebook_section(load_profiles(chapter), chapter, notebook).get("needs") or [])
+    known = notebooks(chapter)
+    bad = [n for n in out if n not in known]
+    if bad:
+        raise ParameterError(f"{chapter}/profiles.yml: notebooks.{notebook}.needs {bad} are not notebooks of the "
+                             f"chapter; notebooks: {', '.join(known)}")
+    return out
+
+
+def paper_values(chapter: str, notebook: str) -> dict:
+    """The paper's value of each knob it fixes (chapter `paper:`, then the notebook's), validated."""
+    data = load_profiles(chapter)
+    spec = specs(chapter, notebook)
+    where = f"{chapter}/profiles.yml paper"
+    out = {}
+    for name, value in {**(data.get("paper") or {}), **(_notebook_section(data, chapter, notebook).get("paper") or {})}.items():
+        if name not in spec:
+            raise ParameterError(f"{where}: {name!r} is not a parameter{_suggest(name, spec)}; "
+                                 f"parameters: {', '.join(sorted(spec))}")
+        out[name] = spec[name].validate(value, where)
+    return out
+
+
+def deviations(chapter: str, notebook: str, profile: str, overrides: dict | None = None) -> list[str]:
+    """How `profile` differs from the paper for this notebook: every knob whose value is not the
+    paper's (`name = value (paper: value)`), then the profile's `deviations` texts."""
+    data = load_profiles(chapter)
+    values = resolve(chapter, notebook, profile, overrides)
+    out = [f"{name} = {_show(values[name])} (paper: {_show(paper)})"
+           for name, paper in paper_values(chapter, notebook).items() if values.get(name) != paper]
+    texts = list((data.get("deviations") or {}).get(profile) or [])
+    texts += list((_notebook_section(data, chapter, notebook).get("deviations") or {}).get(profile) or [])
+    return out + texts
+
+
+def _show(value) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v) for v in value) + "]" if len(value) <= 8 else \
+            f"[{_show(value[0])}, ..., {_show(value[-1])}] ({len(value)} values)"
+    return str(value)
 
 
 def estimate_seconds(chapter: str, notebook: str, profile: str) -> float | None:
@@ -218,7 +349,8 @@ def resolve(chapter: str, notebook: str, profile: str, overrides: dict | None = 
             if name not in spec:
                 raise ParameterError(f"{where}: unknown parameter {name!r} (from {layer}){_suggest(name, spec)}; "
                                      f"parameters: {', '.join(sorted(spec))}")
-            values[name] = spec[name].validate(value, where)
+            source = "the overrides" if layer == "overrides" else f"{chapter}/profiles.yml {layer}"
+            values[name] = spec[name].validate(value, f"{where}, value from {source}")
     missing = [n for n, s in spec.items() if n not in values and not s.nullable]
     if missing:
         raise ParameterError(f"{where}: parameters {missing} have no value in profiles.yml")

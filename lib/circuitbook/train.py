@@ -451,25 +451,80 @@ class _Trainer:
         torch.set_rng_state(tensors["rng.torch"])
 
     def _resume(self) -> int:
-        """Load the newest intact checkpoint; return its step (or the start step)."""
+        """Load the newest intact checkpoint that an intact metrics history reaches; return its step.
+
+        Every evaluation row up to a checkpoint's step must be in metrics.jsonl for the run to go
+        on from there. If a row is garbled or missing, the run goes on from the newest checkpoint
+        before the damage (everything after it is recomputed, so the history ends up whole) and
+        says so; with none, it trains again from its start. It is never sealed with holes. A torn
+        last line (a crash while appending) is expected and dropped.
+        """
         markers = sorted(self.dir.path.glob("ckpt/step_*.json"), reverse=True)
+        rows, problem = self._read_metrics()
+        intact = self._intact_until(rows)
         for marker in markers:
             try:
                 info = runs.read_json(marker)
+                step = int(info["step"])
+                if step > intact:
+                    continue
+                if problem or step < int(markers[0].stem[5:]):
+                    why = problem or f"it has no rows after step {intact}"
+                    last = max((int(r["step"]) for r in rows if int(r["step"]) <= intact), default=self.start)
+                    print(f"[circuitbook] {self.metrics_path} is damaged ({why}); its history is intact up to step "
+                          f"{last}, so {self.dir.name} goes on from the checkpoint at step {step} and recomputes "
+                          "what follows", flush=True)
                 self._load_checkpoint(marker.with_suffix(".safetensors"), info["sha256"])
                 self.opt.t = info["opt_t"]
-                rows = [r for r in runs.read_jsonl(self.metrics_path) if r["step"] <= info["step"]]
-                runs.atomic_write_bytes(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows).encode())
-                print(f"[circuitbook] resuming {self.dir.name} from step {info['step']}", flush=True)
-                return info["step"]
-            except (runs.DamagedRunError, KeyError, TypeError) as e:
+                kept = [r for r in rows if r["step"] <= step]
+                runs.atomic_write_bytes(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+                for later in markers:  # checkpoints after the damage are recomputed too
+                    if int(later.stem[5:]) > step:
+                        later.unlink(missing_ok=True)
+                        later.with_suffix(".safetensors").unlink(missing_ok=True)
+                print(f"[circuitbook] resuming {self.dir.name} from step {step}", flush=True)
+                return step
+            except (runs.DamagedRunError, KeyError, TypeError, ValueError) as e:
                 print(f"[circuitbook] checkpoint {marker.name} is damaged ({e}); ignoring it", flush=True)
                 marker.unlink(missing_ok=True)
                 marker.with_suffix(".safetensors").unlink(missing_ok=True)
-        if self.dir.path.exists():
-            for stale in ("metrics.jsonl",):
-                self.dir.file(stale).unlink(missing_ok=True)
+        if markers or rows:
+            why = problem or "no checkpoint before the first missing row" if rows else "no intact checkpoint"
+            print(f"[circuitbook] {self.dir.name}: {why}; training again from step {self.start}", flush=True)
+        for stale in self.dir.path.glob("ckpt/step_*"):
+            stale.unlink(missing_ok=True)
+        self.metrics_path.unlink(missing_ok=True)
         return self.start
+
+    def _read_metrics(self) -> tuple[list[dict], str]:
+        """(rows up to the first unreadable line, what is wrong beyond a torn last line or '')."""
+        if not self.metrics_path.exists():
+            return [], ""
+        lines = self.metrics_path.read_text().splitlines()
+        rows = []
+        for i, line in enumerate(lines):
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict) or "step" not in row or "member" not in row:
+                    raise ValueError("not a metrics row")
+                rows.append(row)
+            except ValueError:
+                if i < len(lines) - 1:
+                    return rows, f"line {i + 1} of {len(lines)} is garbled"
+                break  # torn last line
+        return rows, ""
+
+    def _intact_until(self, rows: list[dict]) -> int:
+        """The last step up to which every (evaluation step, member) row is present (start - 1: none)."""
+        tc = self.tc
+        have = {(int(r["step"]), int(r["member"])) for r in rows}
+        evals = [self.start] + [s for s in range(self.start + 1, tc.steps + 1) if s % tc.eval_every == 0 or s == tc.steps]
+        last = self.start - 1
+        for i, s in enumerate(evals):
+            if not all((s, k) in have for k in range(tc.n_members)):
+                return (evals[i] - 1) if i else self.start - 1
+            last = s
+        return last
 
     # -- the loop ------------------------------------------------------
     def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
