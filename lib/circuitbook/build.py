@@ -38,7 +38,7 @@ from .runs import DamagedRunError, atomic_write_bytes, atomic_write_json, read_j
 
 SCORECARD_MARKER = "<!-- scorecard -->"
 CLAIMS_MARKER = "<!-- claims-table -->"
-STAGED_SOURCES = ("_config.yml", "_toc.yml", "book", "chapters")
+STAGED_SOURCES = ("_config.yml", "_toc.yml", "_static", "book", "chapters")
 
 
 class BuildError(RuntimeError):
@@ -302,8 +302,7 @@ def write_generated_pages(src: Path, profile: str, seconds: dict | None = None) 
         index = src / "chapters" / chapter / "index.md"
         if index.exists():
             ch_seconds = {nb: (seconds or {}).get(f"{chapter}/{nb}") for nb in params.notebooks(chapter)}
-            index.write_text(index.read_text().replace(
-                CLAIMS_MARKER, pages.chapter_header(chapter, profile, ch_seconds, built)))
+            index.write_text(pages.place_chapter_header(index.read_text(), chapter, profile, ch_seconds, built))
 
 
 def render(src: Path, profile: str, log=print) -> Path:

@@ -58,8 +58,10 @@ def _detail(r: dict) -> str:
 
 
 def claims_table(rows: list[dict]) -> str:
-    out = ['<table class="cb-scorecard">', "<thead><tr><th>Claim</th><th>Status</th><th>Paper</th>"
-           "<th>Measured</th></tr></thead>", "<tbody>"]
+    out = ['<table class="cb-scorecard">',
+           '<colgroup><col class="cb-col-id"><col class="cb-col-status"><col class="cb-col-paper">'
+           '<col class="cb-col-measured"></colgroup>',
+           "<thead><tr><th>Claim</th><th>Status</th><th>Paper</th><th>Measured</th></tr></thead>", "<tbody>"]
     for r in rows:
         out.append(f'<tr id="claim-{_e(r["id"])}"><td class="cb-id">{_e(r["id"])}</td><td>{badge(r["status"])}'
                    f'</td><td>{_e(r["paper"])}</td><td class="cb-measured">{_e(r["measured"] or "-")}'
@@ -84,19 +86,36 @@ def scorecard_markdown(profile: str, label: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def chapter_header(chapter: str, profile: str, seconds: dict[str, float | None], built: str | None = None) -> str:
-    """What was run: the profile, its deviations from the paper per notebook, wall time and date."""
-    rows = [r for r in claims.scorecard(profile) if r["chapter"] == chapter]
-    nbs = params.notebooks(chapter)
+CLAIMS_MARKER = "<!-- claims-table -->"
+
+
+def chapter_header(chapter: str, profile: str, seconds: dict[str, float | None], built: str | None = None,
+                   rows: list[dict] | None = None) -> str:
+    """What was run: the profile, its deviations from the paper per notebook, wall time and date, and
+    the chapter's verdicts at a glance."""
+    rows = rows if rows is not None else [r for r in claims.scorecard(profile) if r["chapter"] == chapter]
     total = sum(s for s in seconds.values() if s)
-    lines = ["```{admonition} What was run", ":class: note",
-             f"Profile **{profile}**, built {built or time.strftime('%Y-%m-%d %H:%M')}; notebooks executed in "
-             f"{total / 60:.1f} min in all." if total else f"Profile **{profile}**; no notebook of this chapter "
-             "was executed in this build.", ""]
-    for nb in nbs:
+    when = built or time.strftime("%Y-%m-%d %H:%M")
+    lines = ["```{admonition} What was run in this build", ":class: note",
+             f"Profile **{profile}**, built {when}; this chapter's notebooks took {total / 60:.1f} min."
+             if total else f"Profile **{profile}**, built {when}; no notebook of this chapter was executed.",
+             "Deviations from the paper, per notebook (generated from `profiles.yml`):", ""]
+    for nb in params.notebooks(chapter):
         devs = params.deviations(chapter, nb, profile)
         secs = seconds.get(nb)
         timing = f" ({secs:.0f} s)" if secs else " (not executed)"
         lines.append(f"- `{nb}`{timing}: " + ("; ".join(devs) if devs else "the paper's settings"))
-    lines += ["```", "", summary_line(rows) if rows else "", "", claims_table(rows) if rows else ""]
+    lines += ["```", "", summary_line(rows) if rows else ""]
     return "\n".join(lines)
+
+
+def place_chapter_header(index_text: str, chapter: str, profile: str, seconds: dict, built: str | None = None) -> str:
+    """The chapter's landing page with "what was run" and its verdicts right under the title, and its
+    claims table (verdict first) where `<!-- claims-table -->` stands."""
+    rows = [r for r in claims.scorecard(profile) if r["chapter"] == chapter]
+    header = chapter_header(chapter, profile, seconds, built, rows)
+    lines = index_text.splitlines()
+    title = next((i for i, line in enumerate(lines) if line.startswith("# ")), -1)
+    lines.insert(title + 1, "\n" + header + "\n")
+    text = "\n".join(lines) + "\n"
+    return text.replace(CLAIMS_MARKER, claims_table(rows) if rows else "")

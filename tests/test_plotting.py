@@ -1,0 +1,41 @@
+"""The book's figure and table style: colour families, the step axis, formatted tables."""
+import matplotlib
+
+matplotlib.use("Agg")
+import pandas as pd  # noqa: E402
+
+from circuitbook import plotting  # noqa: E402
+
+
+def test_family_colors_give_each_group_its_own_hue_and_each_curve_a_shade():
+    colors = plotting.family_colors({"0-var": ["a", "b"], "1-var": ["c", "d", "e"]})
+    assert list(colors) == ["a", "b", "c", "d", "e"]
+    a, b, c = colors["a"], colors["b"], colors["c"]
+    assert sum(a) < sum(b), "the first curve of a family is the darkest"
+    assert a[2] > a[1] and c[1] > c[2], "blues for the first family, greens for the second"
+
+
+def test_step_axis_goes_log_only_when_the_events_are_early():
+    fig, ax = plotting.figure()
+    assert plotting.step_axis(ax, range(0, 10001, 100), events=[300, 900]) == "log"
+    assert ax.get_xscale() == "symlog" and "log scale" in ax.get_xlabel()
+    fig, ax = plotting.figure()
+    assert plotting.step_axis(ax, range(0, 10001, 100), events=[3000, 9000]) == "linear"
+    assert ax.get_xscale() == "linear"
+    fig, ax = plotting.figure()
+    assert plotting.step_axis(ax, range(0, 10001, 100), events=[float("nan")]) == "linear"
+
+
+def test_figures_never_exceed_the_page_width():
+    fig, _ = plotting.figure(ncols=2, width=14)
+    assert fig.get_figwidth() <= plotting.MAX_WIDTH
+    fig, axes = plotting.figure(ncols=2, nrows=2)
+    assert axes.shape == (2, 2)
+
+
+def test_table_formats_steps_accuracies_and_nan():
+    df = pd.DataFrame({"step": [380.327870, 1065.573762], "accuracy": [0.98765, float("nan")],
+                       "share": [0.5, 0.25]})
+    html = plotting.table(df, integers=["step"], percent=["share"]).to_html()
+    assert "380" in html and "1,066" in html and "380.32" not in html
+    assert "0.988" in html and "-" in html and "50.0%" in html
