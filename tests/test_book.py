@@ -163,3 +163,90 @@ def test_math_renders_offline_without_raw_tex(smoke_book, browser):
     assert with_math >= 3, f"only {with_math} pages have math; the leading_terms chapter alone has more"
     assert not problems, "\n".join(problems)
 
+
+
+# ---------------------------------------------------------------- the book as a reader sees it (1280 px)
+
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+
+
+def _at_width(browser, width=1280, height=900):
+    browser.set_window_size(width, height)
+    return browser.execute_script("return window.innerWidth")
+
+
+def test_scorecard_verdict_fits_the_page_at_1280px(smoke_book, browser):
+    """The status badge of every claim is on screen, and no table is wider than its container."""
+    html, _, _ = smoke_book
+    inner = _at_width(browser)
+    browser.get((html / "book" / "scorecard.html").as_uri())
+    wait_until_loaded(browser)
+    tables = browser.execute_script(
+        "return Array.from(document.querySelectorAll('table.cb-scorecard')).map(t => "
+        "[t.scrollWidth, t.parentElement.clientWidth, t.getBoundingClientRect().right])")
+    assert len(tables) == 4, "one table per chapter"
+    for scroll, container, right in tables:
+        assert scroll <= container + 1 and right <= inner, (scroll, container, right, inner)
+    badges = browser.execute_script(
+        "return Array.from(document.querySelectorAll('table.cb-scorecard .cb-badge')).map(b => "
+        "[b.textContent, b.getBoundingClientRect().left, b.getBoundingClientRect().right])")
+    assert len(badges) == 33
+    assert all(0 <= left and right <= inner for _, left, right in badges), badges
+    header = browser.execute_script(
+        "return Array.from(document.querySelector('table.cb-scorecard thead').querySelectorAll('th'))"
+        ".map(th => th.textContent.trim())")
+    assert header[:2] == ["Claim", "Status"]
+    summaries = browser.execute_script("return document.querySelectorAll('.cb-summary').length")
+    assert summaries == 5, "one for the book, one per chapter"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SCREENSHOTS / "scorecard-smoke-1280.png"))
+
+
+def test_chapter_pages_open_with_what_was_run(smoke_book, browser):
+    html, _, _ = smoke_book
+    for chapter in ("assign_add", "leading_terms", "algorithmic_cores", "inductive_manifold"):
+        text = (html / "chapters" / chapter / "index.html").read_text()
+        assert "What was run in this build" in text and "Profile <strong>smoke</strong>" in text, chapter
+        assert "cb-summary" in text and text.index("What was run") < text.index("cb-summary"), chapter
+    _at_width(browser)
+    browser.get((html / "chapters" / "assign_add" / "index.html").as_uri())
+    wait_until_loaded(browser)
+    browser.save_screenshot(str(SCREENSHOTS / "chapter-assign_add-smoke-1280.png"))
+
+
+def test_no_code_line_is_clipped_and_no_page_scrolls_sideways(smoke_book, browser):
+    html, _, _ = smoke_book
+    inner = _at_width(browser)
+    problems = []
+    for page in pages(html):
+        browser.get(page.as_uri())
+        wait_until_loaded(browser)
+        clipped = browser.execute_script(
+            "return Array.from(document.querySelectorAll('article pre')).filter(p => p.offsetParent !== null "
+            "&& p.scrollWidth > p.clientWidth + 1).map(p => p.textContent.split('\\n').reduce("
+            "(a, b) => b.length > a.length ? b : a, '').slice(0, 60))")
+        wide = browser.execute_script("return document.documentElement.scrollWidth")
+        rel = page.relative_to(html).as_posix()
+        if clipped:
+            problems.append(f"{rel}: {len(clipped)} code block(s) clipped, e.g. {clipped[0]!r}")
+        if wide > inner + 1:
+            problems.append(f"{rel}: the page is {wide} px wide at a {inner} px window")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_figure_has_a_caption(smoke_book, browser):
+    """Each figure says what to look for: every output image sits in a figure with a caption."""
+    html, _, _ = smoke_book
+    problems = []
+    for page in pages(html):
+        if "<img" not in page.read_text(errors="replace"):
+            continue
+        browser.get(page.as_uri())
+        wait_until_loaded(browser)
+        bare = browser.execute_script(
+            "return Array.from(document.querySelectorAll('.cell_output img')).filter(i => {"
+            "const f = i.closest('figure'); const c = f && f.querySelector('figcaption');"
+            "return !c || c.textContent.trim().length < 20; }).length")
+        if bare:
+            problems.append(f"{page.relative_to(html).as_posix()}: {bare} figure(s) without a caption")
+    assert not problems, "\n".join(problems)
