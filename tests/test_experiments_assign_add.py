@@ -415,6 +415,10 @@ def test_source_run_and_load_model_for_external_checkpoints(tmp_path, runs_dir):
     assert run is None and "external checkpoint" in source
     tokens = TASK.eval_pool("two_var_train", 8, 0).tokens
     torch.testing.assert_close(model(tokens), models[100](tokens))
+    with pytest.raises(ValueError, match="does not exist"):
+        ea.source_run(params(checkpoint_path=str(tmp_path / "missing"), **base))
+    with pytest.raises(ValueError, match="not a file"):
+        ea.load_model(params(checkpoint_path=str(tmp_path / "missing.pt"), **base))
     with pytest.raises(ValueError, match="is a single checkpoint; this notebook reads a training history"):
         ea.source_run(params(checkpoint_path=str(single), **base))
     other = cb.ToyTransformer(cb.ToyConfig(d_vocab=10, n_ctx=16, d_model=8, n_layers=2, d_mlp=8, d_vocab_out=59),

@@ -213,6 +213,9 @@ def source_run(cfg) -> "Run | ComposedRun | CheckpointRun":
     path = cfg.get("checkpoint_path")
     if not path:
         return main_run(cfg)
+    if not Path(path).expanduser().exists():
+        raise ValueError(f"checkpoint_path {path!r} does not exist; give a directory of step checkpoints "
+                         f"(e.g. checkpoint_step_5301.pth)")
     if not Path(path).expanduser().is_dir():
         raise ValueError(f"checkpoint_path {path!r} is a single checkpoint; this notebook reads a training history: "
                          f"give a directory of step checkpoints (e.g. checkpoint_step_5301.pth)")
@@ -671,6 +674,7 @@ class MemberPoolAccuracy:
     def __call__(self, ens: Ensemble, step: int) -> dict:
         out = {}
         for name, batches in self.pools.items():
+            batches = [batches[m] for m in ens.members]  # a chunk of a split run holds only some members
             n = max(len(b.labels) for b in batches)
             tokens = torch.stack([_pad(b.tokens, n) for b in batches])
             labels = torch.stack([_pad(b.labels, n) for b in batches])
