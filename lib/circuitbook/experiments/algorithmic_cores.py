@@ -580,18 +580,22 @@ def random_projection_cca(acts_a: torch.Tensor, acts_b: torch.Tensor, rank_a: in
 def markov_pairs(exp: MarkovExperiment, members: Sequence[MarkovMember]) -> pd.DataFrame:
     """Every pair of runs: projector overlap of the cores and CCA of the core coordinates on the same
     inputs, each beside its random-subspace baseline (random subspaces of the same ranks), and the
-    cosine of the weight matrices after training and at initialisation (the random-init baseline)."""
+    cosine of the weight matrices after training and at initialisation (the random-init baseline).
+    cca_mean_leading: the mean CCA of the first n_states - 1 core directions only (not judged; it tells
+    whether a low mean CCA comes from directions beyond those the chain needs)."""
     rows = []
+    lead = exp.chain.n_states - 1
     for i in range(len(members)):
         for j in range(i + 1, len(members)):
             a, b = members[i], members[j]
             ra, rb = a.core.rank, b.core.rank
             res = cca(a.coords.reshape(-1, ra), b.coords.reshape(-1, rb))
+            leading = cca(a.coords.reshape(-1, ra)[:, :lead], b.coords.reshape(-1, rb)[:, :lead])
             rand_top, rand_mean = random_projection_cca(a.activations, b.activations, ra, rb, seed=1000 * i + j)
             rows.append({"pair": f"{a.seed} vs {b.seed}", "overlap": projector_overlap(a.core, b.core),
                          "random_overlap": random_subspace_overlap(a.core.dim, ra, rb, seed=1000 * i + j),
                          "cca_top": float(res.correlations[0]), "cca_mean": res.mean,
-                         "cca_min": float(res.correlations.min()),
+                         "cca_min": float(res.correlations.min()), "cca_mean_leading": leading.mean,
                          "random_cca_top": rand_top, "random_cca_mean": rand_mean,
                          "weight_cosine": weight_cosine(weight_matrices(exp.run.model(a.member)),
                                                         weight_matrices(exp.run.model(b.member))).overall,
@@ -617,6 +621,7 @@ def markov_claim_values(exp: MarkovExperiment, members: Sequence[MarkovMember], 
         "random_overlap": float(pairs["random_overlap"].mean()),
         "cca_top": float(pairs["cca_top"].mean()),
         "cca_mean": float(pairs["cca_mean"].mean()),
+        "cca_mean_leading": float(pairs["cca_mean_leading"].mean()),
         "random_cca_top": float(pairs["random_cca_top"].mean()),
         "random_cca_mean": float(pairs["random_cca_mean"].mean()),
         "slow_pair_error": [m.slow_error for m in members],
