@@ -239,19 +239,6 @@ def test_state_conditional_operator_recovers_the_chain():
     assert ac.eig_relative_error(plain.eigenvalues, chain.eigenvalues()[1:]) > 0.1
 
 
-def test_next_token_accuracy_callback():
-    cfg = ToyConfig(d_vocab=4, n_ctx=5, d_model=8, n_heads=2, d_mlp=0)
-    ens = ac.Ensemble(cfg, [0, 1])
-    tokens = torch.randint(0, 4, (10, 5), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        pred = ens.logits(tokens).argmax(-1)
-    labels = pred[0].clone()
-    evaluate = ac.next_token_accuracy({"x": ac.Batch(tokens, labels)})
-    out = evaluate(ens, 0)["acc_x"]
-    assert out[0] == pytest.approx(1.0) and out[1] == pytest.approx((pred[1] == labels).float().mean())
-    assert "next_token_accuracy" in evaluate.spec()
-
-
 def test_markov_pipeline_on_a_tiny_run(runs_dir):
     cfg = SimpleNamespace(markov_states=4, markov_stay=0.75, markov_n_train=64, markov_n_test=40, markov_length=12,
                           markov_d_model=16, markov_n_heads=2, markov_d_mlp=32, markov_epochs=5, markov_batch=32,

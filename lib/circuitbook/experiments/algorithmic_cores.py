@@ -19,7 +19,8 @@ Readout-side validation (all toy-model notebooks)
                           readout (final LayerNorm + unembedding) on the intervened activations,
                           which gives exactly `ace.validate_core` at that hook, thousands of times faster.
 Markov chains (notebook 02, AC-1..AC-4)
-    `markov_setup`, `train_markov` (setups "paper": post-LN with dropout, and "book": pre-LN),
+    `markov_setup`, `train_markov` (setups "paper": post-LN with dropout, and "book": pre-LN; the evaluation
+    callback `tasks.markov.next_token_accuracy` lives with the task, so that editing this module retrains nothing),
     `markov_model_analysis`, `markov_member_analysis`, `markov_pairs`, `markov_claim_values`,
     `operator_diagnostic`, `eig_relative_error`, `matched_eig_errors`, `random_subspace_overlap`,
     `random_projection_cca`.
@@ -55,9 +56,9 @@ from ..analysis import ace
 from ..analysis.compare import cca, projector_overlap, weight_cosine
 from ..models.toy import ToyConfig, ToyTransformer
 from ..tasks.base import Batch
-from ..tasks.markov import MarkovChain, MarkovSequences
+from ..tasks.markov import MarkovChain, MarkovSequences, next_token_accuracy
 from ..tasks.modular import ModularAddition
-from ..train import Ensemble, Run, TrainConfig, _tensor_digest, pool_accuracy
+from ..train import Run, TrainConfig, pool_accuracy
 from ..train import train as _train
 
 
@@ -342,22 +343,6 @@ def validation_ks(model: ToyTransformer, core: ace.AceCore, n_modes: int) -> lis
 
 
 # --------------------------------------------------------------------------- Markov chains
-def next_token_accuracy(pools: dict[str, Batch], prefix: str = "acc_"):
-    """An evaluation callback: every-position next-token accuracy of every member on each pool."""
-
-    @torch.no_grad()
-    def evaluate(ens: Ensemble, step: int) -> dict:
-        out = {}
-        for name, batch in pools.items():
-            pred = ens.logits(batch.tokens).argmax(-1)  # [K, B, T]
-            out[prefix + name] = (pred == batch.labels).float().mean((-1, -2))
-        return out
-
-    evaluate.spec = lambda: {"next_token_accuracy": {k: _tensor_digest(b.tokens, b.labels) for k, b in pools.items()},
-                             "prefix": prefix}
-    return evaluate
-
-
 # The two setups of the Markov experiment: the paper's layer and definitions (judged), and the book's
 # first choices (shown beside them). "paper": PyTorch's default encoder layer (post-LN, dropout in
 # training), ACE on the raw logits at the energy threshold of the notebook (0.999 in the paper),
