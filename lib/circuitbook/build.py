@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -172,8 +173,9 @@ def _fmt_seconds(s: float) -> str:
 # ---------------------------------------------------------------- executing one notebook
 
 def execute(nb: Notebook, profile: str, dest: Path, overrides: dict | None = None, log=print,
-            label: str | None = None) -> float:
-    """Execute one notebook with papermill into `dest`; return seconds. Raises BuildError."""
+            label: str | None = None, env: dict | None = None) -> float:
+    """Execute one notebook with papermill into `dest`; return seconds. Raises BuildError.
+    env: extra environment variables for the kernel (a Ray build's cluster address)."""
     import papermill as pm
 
     root = repo_root()
@@ -189,6 +191,7 @@ def execute(nb: Notebook, profile: str, dest: Path, overrides: dict | None = Non
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     os.environ[context.LABEL_ENV] = label
     os.environ[context.EXECUTION_ENV] = execution
+    os.environ.update(env or {})
     t0 = time.time()
     try:
         pm.execute_notebook(str(root / nb.path), str(tmp), parameters=parameters, kernel_name="python3",
@@ -337,8 +340,13 @@ def _strip_ansi(text: str) -> str:
 # ---------------------------------------------------------------- the build
 
 def build(profile: str, chapters: list[str] | None = None, force: bool = False, keep_going: bool = False,
-          log=print) -> Path:
-    """Build the whole book at `profile`; return the HTML folder."""
+          log=print, ray: str | bool | None = None) -> Path:
+    """Build the whole book at `profile`; return the HTML folder.
+
+    ray: None/False builds here, one notebook after another. An address (or True: the cluster of this
+    machine, else a new local one) executes the notebooks whose inputs are ready concurrently as Ray
+    tasks, each with the resources its profiles.yml declares; cache, order and output stay the same.
+    """
     params.check_profile(profile)
     nbs = book_notebooks()
     known = sorted({nb.chapter for nb in nbs} | set(params.chapters()))
@@ -349,12 +357,19 @@ def build(profile: str, chapters: list[str] | None = None, force: bool = False, 
     _check_claims()
     check_store()
     selected = [nb for nb in nbs if not chapters or nb.chapter in chapters]
+    resources = {nb.label: params.resources(nb.chapter, nb.name, profile) for nb in selected}
+    address = None
+    if ray:
+        from . import cluster
+
+        address = cluster.connect(None if ray is True else ray)  # unreachable: an error before any compute
+        log(f"circuitbook build: Ray cluster at {address}")
     with build_lock(profile, log):
         seconds, cached = estimate(selected, profile, force)
         log(f"circuitbook build: profile {profile}, {len(selected)} notebooks ({cached} cached), "
             f"estimated {_fmt_seconds(seconds)}")
         src = stage(profile)
-        failures, timing = [], {}
+        failures, timing, todo = [], {}, []
         for i, nb in enumerate(nbs, 1):
             dest = src / nb.path
             hit = cached_execution(profile, nb, log if nb in selected and not force else None)
@@ -370,6 +385,9 @@ def build(profile: str, chapters: list[str] | None = None, force: bool = False, 
                 shutil.copy2(executed_path(profile, nb), dest)
                 timing[nb.label] = hit.get("seconds")
                 continue
+            if address:
+                todo.append(nb)
+                continue
             log(f"[{i}/{len(nbs)}] {nb.path}: executing ...")
             executed_path(profile, nb).with_suffix(".json").unlink(missing_ok=True)
             try:
@@ -383,6 +401,8 @@ def build(profile: str, chapters: list[str] | None = None, force: bool = False, 
             _store_execution(profile, nb, dest, secs)
             timing[nb.label] = secs
             log(f"[{i}/{len(nbs)}] {nb.path}: done in {secs:.1f} s")
+        if todo:
+            _execute_on_cluster(todo, profile, src, address, resources, keep_going, failures, timing, log)
         write_generated_pages(src, profile, timing)
         html = render(src, profile, log)
     log(f"HTML: {html / 'index.html'}")
@@ -390,6 +410,32 @@ def build(profile: str, chapters: list[str] | None = None, force: bool = False, 
         raise BuildError(f"{len(failures)} notebook(s) failed (the book was rendered with --keep-going):\n"
                          + "\n".join(failures))
     return html
+
+
+def _execute_on_cluster(todo: list[Notebook], profile: str, src: Path, address: str, resources: dict,
+                        keep_going: bool, failures: list, timing: dict, log) -> None:
+    """The notebooks a Ray build executes: as Ray tasks once their needs are done; each result is
+    cached, staged and reported exactly as the local build does."""
+    from . import cluster
+
+    for nb in todo:
+        executed_path(profile, nb).with_suffix(".json").unlink(missing_ok=True)
+
+    def on_done(nb: Notebook, result: dict) -> None:
+        dest = src / nb.path
+        if result.get("notebook") is not None:
+            atomic_write_bytes(dest, result["notebook"])
+        if not result["ok"]:
+            failures.append(result["error"])
+            log(f"FAILED: {result['error']}")
+            if not keep_going:
+                raise BuildError(result["error"])
+            return
+        _store_execution(profile, nb, dest, result["seconds"])
+        timing[nb.label] = result["seconds"]
+        log(f"{nb.path}: done in {result['seconds']:.1f} s on {result.get('node', '?')}")
+
+    cluster.execute_notebooks(todo, profile, address, lambda nb: resources[nb.label], on_done, keep_going, log)
 
 
 def _check_claims() -> None:
@@ -401,12 +447,13 @@ def _check_claims() -> None:
 
 
 def run_one(notebook: str, profile: str, overrides: dict, log=print, label: str | None = None,
-            force: bool = False) -> tuple[Path, str]:
+            force: bool = False, ray: str | bool | None = None) -> tuple[Path, str]:
     """Execute one notebook; return (executed notebook, results label).
 
     Without overrides (and no label) this *is* the build's execution of the notebook at the
     profile: the same cache entry and rules (a verified cached execution is reused unless
-    `force`). With overrides the results go under `PROFILE+<hash of the overrides>` (or `label`),
+    `force`). With `ray` (an address, or True) the notebook executes here and the runs it splits
+    into chunks of members train on that Ray cluster too. With overrides the results go under `PROFILE+<hash of the overrides>` (or `label`),
     apart from the profile's own, and the executed notebook under runs/executed/<label>/.
     """
     nb = _find_notebook(notebook, repo_root())
@@ -418,6 +465,13 @@ def run_one(notebook: str, profile: str, overrides: dict, log=print, label: str 
     label = profile if own else f"{profile}+{label}" if label else context.results_label(profile, overrides)
     nb.inputs = book.notebook_inputs(nb.chapter, nb.name, profile, overrides)
     nb.input_hash = book.inputs_hash(nb.inputs)
+    env = None
+    if ray:
+        from . import cluster
+
+        address = cluster.connect(None if ray is True else ray)
+        env = {cluster.ADDRESS_ENV: address,
+               cluster.RESOURCES_ENV: json.dumps(params.resources(nb.chapter, nb.name, profile))}
     log(f"circuitbook run: {nb.path}, profile {profile}, overrides {overrides or 'none'}; results label {label}")
     dest = executed_path(label, nb)
     with build_lock(label, log) if own else contextlib.nullcontext():
@@ -426,7 +480,7 @@ def run_one(notebook: str, profile: str, overrides: dict, log=print, label: str 
             return dest, label
         dest.with_suffix(".json").unlink(missing_ok=True)
         try:
-            secs = execute(nb, profile, dest, overrides, log, label=label)
+            secs = execute(nb, profile, dest, overrides, log, label=label, env=env)
         except BuildError:
             log(f"results label {label} (the failure is recorded there)")
             raise

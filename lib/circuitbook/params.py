@@ -141,7 +141,38 @@ def load_profiles(chapter: str) -> dict:
         if not isinstance(nb.get("needs") or [], list):
             raise ParameterError(f"{path}: notebooks.{name}.needs must be a list of notebook names")
         _check_deviations(nb.get("deviations"), f"{path}: notebooks.{name}.deviations")
+        _check_resources(nb.get("resources"), f"{path}: notebooks.{name}.resources")
     return data
+
+
+RESOURCE_KEYS = {"num_cpus": 0.0, "num_gpus": 0.0, "memory_gb": 0.0}  # name -> exclusive lower bound (cpus > 0)
+DEFAULT_RESOURCES = {"num_cpus": 1}
+
+
+def _check_resources(res, where: str) -> None:
+    """`resources:` is {num_cpus, num_gpus, memory_gb} for every profile, or {PROFILE: {...}} per profile."""
+    if not res:
+        return
+    per_profile = set(res) <= set(PROFILES)
+    for profile, mapping in (res.items() if per_profile else [(None, res)]):
+        at = f"{where}.{profile}" if profile else where
+        if not isinstance(mapping, dict) or not mapping:
+            raise ParameterError(f"{at} must be a mapping of {sorted(RESOURCE_KEYS)} (or of profiles to one)")
+        for key, value in mapping.items():
+            if key not in RESOURCE_KEYS:
+                raise ParameterError(f"{at}: unknown resource {key!r}{_suggest(str(key), RESOURCE_KEYS)}; resources: "
+                                     f"{', '.join(sorted(RESOURCE_KEYS))}; or a mapping per profile ({', '.join(PROFILES)})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
+                    or (key == "num_cpus" and value == 0):
+                raise ParameterError(f"{at}: {key} must be a finite number >= 0 (num_cpus > 0), got {value!r}")
+
+
+def resources(chapter: str, notebook: str, profile: str) -> dict:
+    """What one execution of the notebook (and each part of its runs) asks a Ray cluster for at `profile`."""
+    res = _notebook_section(load_profiles(chapter), chapter, notebook).get("resources") or {}
+    if res and set(res) <= set(PROFILES):
+        res = res.get(profile) or {}
+    return {**DEFAULT_RESOURCES, **res}
 
 
 def _check_deviations(devs, where: str) -> None:

@@ -7,16 +7,24 @@ lines, results JSON. Every write is atomic (temporary file, then rename).
 A run is complete only when its `manifest.json` says so and every file it
 lists still has the recorded size and SHA-256; anything else is partial or
 damaged and is recomputed, never silently used.
+
+The store may live on a filesystem that several hosts share (NFS, a cluster's
+parallel filesystem): writes are publish-by-rename, and locks (`LeaseLock`) are
+files created with O_EXCL that their holder keeps alive with a heartbeat, never
+fcntl/flock, which network filesystems do not reliably honour across hosts.
 """
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
+import threading
+import time
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Iterable
@@ -242,18 +250,188 @@ class RunDir:
     def wipe(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
 
-    @contextlib.contextmanager
-    def lock(self):
-        """Exclusive lock so two processes never write the same run."""
+    def lock_path(self, part: str = "") -> Path:
+        """Where this run's lock lives: <root>/.locks/<name>.<key>[.<part>].lock (outside the run folder,
+        which a damaged run wipes)."""
         locks = self.path.parents[len(self.name.split("/"))] / ".locks"
-        locks.mkdir(parents=True, exist_ok=True)
-        with open(locks / f"{self.name.replace('/', '__')}.{self.key}.lock", "w") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                print(f"waiting for another process writing {self.path} ...", flush=True)
-                fcntl.flock(f, fcntl.LOCK_EX)
-            yield
+        return locks / f"{self.name.replace('/', '__')}.{self.key}{'.' + part if part else ''}.lock"
+
+    @contextlib.contextmanager
+    def lock(self, part: str = ""):
+        """Exclusive lock so two processes, on this host or another, never write the same run (or part)."""
+        with LeaseLock(self.lock_path(part)).hold() as held:
+            yield held
+
+
+# ---------------------------------------------------------------- locks that hold across hosts
+
+LEASE_ENV = "CIRCUITBOOK_LOCK_LEASE_S"
+DEFAULT_LEASE_S = 60.0
+
+
+class LockLost(RuntimeError):
+    """Another process judged this lock's holder dead and took the lock over."""
+
+
+def _host_id() -> str:
+    """This machine: hostname and boot id (two containers may share a hostname, never a boot id)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _start_time(pid: int) -> str:
+    """A process's start time (field 22 of /proc/PID/stat): with the pid it names one process, never a reused pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+class LeaseLock:
+    """An exclusive lock on a shared filesystem: O_EXCL-created generation files and a heartbeat.
+
+    The lock is the highest-numbered file `<path>.<n>`; whoever creates a generation (open with
+    O_CREAT|O_EXCL, atomic on local filesystems and on NFSv3+) holds the lock. The holder touches its
+    file every `lease / 6` seconds. A waiter takes over when the holder is dead: at once when the holder
+    ran on this host and its process is gone, otherwise when the file's modification time has not changed
+    for `lease` seconds of the waiter's own clock (so clocks of different hosts are never compared). To
+    take over, the waiter creates generation n + 1, which only one waiter can do, then removes the older
+    files. A holder that was only paused and finds a newer generation on waking has lost the lock:
+    `check()` raises LockLost, and the trainer calls it before each checkpoint and before publishing.
+    """
+
+    def __init__(self, path: Path, lease: float | None = None):
+        self.path = Path(path)
+        self.lease = float(lease if lease is not None else os.environ.get(LEASE_ENV, DEFAULT_LEASE_S))
+        self.mine: Path | None = None
+        self._stop = threading.Event()
+        self._lost = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    # -- the generation files ----------------------------------------------
+    def _generations(self) -> list[tuple[int, Path]]:
+        out = []
+        for p in self.path.parent.glob(self.path.name + ".*"):
+            suffix = p.name[len(self.path.name) + 1:]
+            if suffix.isdigit():
+                out.append((int(suffix), p))
+        return sorted(out)
+
+    def _create(self, gen: int) -> bool:
+        path = self.path.with_name(f"{self.path.name}.{gen}")
+        info = {"host": _host_id(), "pid": os.getpid(), "start": _start_time(os.getpid()),
+                "token": uuid.uuid4().hex, "since": time.time()}
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(info))
+            f.flush()
+            os.fsync(f.fileno())
+        self.mine = path
+        return True
+
+    @staticmethod
+    def _holder(path: Path) -> dict:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}  # being written, or gone
+
+    def _dead_here(self, holder: dict) -> bool:
+        """The holder ran on this host and its process no longer exists."""
+        if holder.get("host") != _host_id():
+            return False
+        pid = int(holder.get("pid", -1))
+        return pid <= 0 or _start_time(pid) != holder.get("start")
+
+    # -- acquire and release ---------------------------------------------------
+    def try_acquire(self, watch: dict | None = None) -> bool:
+        """One attempt; `watch` keeps what this waiter saw of the current holder between attempts."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        gens = self._generations()
+        if not gens:
+            return self._create(0) and self._start()
+        gen, path = gens[-1]
+        try:
+            mtime = path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return False  # released just now: try again
+        holder = self._holder(path)
+        watch = watch if watch is not None else {}
+        now = time.monotonic()
+        if watch.get("gen") != gen or watch.get("mtime") != mtime:
+            watch.update(gen=gen, mtime=mtime, seen=now)
+        stale = (holder and self._dead_here(holder)) or now - watch["seen"] >= self.lease
+        if not stale:
+            return False
+        if not self._create(gen + 1):
+            return False  # another waiter took it over first
+        for _, old in gens:
+            with contextlib.suppress(FileNotFoundError):
+                old.unlink()
+        print(f"[circuitbook] lock {self.path.name}: its holder ({holder.get('host', '?')}, pid "
+              f"{holder.get('pid', '?')}) is gone; taken over", flush=True)
+        return self._start()
+
+    def acquire(self, timeout: float | None = None, poll: float = 0.2) -> None:
+        watch: dict = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        said = False
+        while not self.try_acquire(watch):
+            if not said:
+                print(f"waiting for another process holding {self.path} ...", flush=True)
+                said = True
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"lock {self.path} is held by another process")
+            time.sleep(poll)
+
+    def _start(self) -> bool:
+        self._stop.clear()
+        self._lost.clear()
+        self._beat = threading.Thread(target=self._heartbeat, name=f"lease {self.path.name}", daemon=True)
+        self._beat.start()
+        return True
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.lease / 6):
+            if not self.holds():
+                self._lost.set()
+                return
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(self.mine)
+
+    def holds(self) -> bool:
+        """True while this process's generation is the newest one."""
+        if self.mine is None or not self.mine.exists():
+            return False
+        gens = self._generations()
+        return bool(gens) and gens[-1][1] == self.mine
+
+    def check(self) -> None:
+        """Raise LockLost if another process took the lock over (this one was judged dead)."""
+        if self.mine is None or self._lost.is_set() or not self.holds():
+            raise LockLost(f"lock {self.path} was taken over by another process; this one stops writing")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        if self.mine is not None and self.holds():
+            self.mine.unlink(missing_ok=True)
+        self.mine = None
+
+    @contextlib.contextmanager
+    def hold(self, timeout: float | None = None):
+        self.acquire(timeout)
+        try:
+            yield self
+        finally:
+            self.release()
 
 
 _sha_cache: dict[tuple[str, int, int], str] = {}

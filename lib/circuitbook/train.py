@@ -10,9 +10,18 @@ everything that determines them. Checkpoints hold weights, optimizer state and
 RNG state on a log-spaced plus regular schedule; a killed run resumes from its
 last intact checkpoint and ends with the same numbers as an uninterrupted one,
 because every batch is a pure function of (member seed, step).
+
+Members share nothing, so a run may also train in chunks of members (`parts`):
+each chunk is a sub-ensemble trained start to finish in `<run>/parts/`, with its
+own checkpoints and lock, and the run is published (stacked checkpoints, merged
+metrics, manifest) only when every chunk is in. The chunk size never enters the
+run key; it is chosen from a short step-time calibration on the device at hand
+(`choose_chunk`), and under a Ray build (`CIRCUITBOOK_RAY_ADDRESS`) the chunks
+also run as Ray tasks on other nodes (`circuitbook.cluster`).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
@@ -143,8 +152,13 @@ class Ensemble:
     """
 
     def __init__(self, cfg, seeds: Sequence[int], init_fn: Callable | None = None,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", members: Sequence[int] | None = None):
         self.cfg, self.device = cfg, torch.device(device)
+        # which members of the whole run these are: a chunk of a run split into parts holds members
+        # lo..hi-1, and callbacks with per-member data (one pool per member) index it with these
+        self.members = tuple(int(m) for m in members) if members is not None else tuple(range(len(seeds)))
+        if len(self.members) != len(seeds):
+            raise ValueError(f"Ensemble: {len(self.members)} member indices for {len(seeds)} seeds")
         members = [cfg.build(seed=s) for s in seeds]
         if init_fn is not None:
             for m, s in zip(members, seeds):
@@ -365,7 +379,7 @@ def _ckpt_rel(step: int) -> str:
 def train(name: str, model, task, config: TrainConfig, *, evaluate: EvalFn | None = None,
           store: runs.Store | None = None, init_fn: Callable | None = None,
           fork_from: tuple[Run, int] | None = None, progress: bool | None = None,
-          device: str | None = None) -> Run:
+          device: str | None = None, chunk: int | str | None = None) -> Run:
     """Train (or load from the store) an ensemble; return the finished Run.
 
     task: one Task shared by all members (each samples its own batches from
@@ -375,6 +389,9 @@ def train(name: str, model, task, config: TrainConfig, *, evaluate: EvalFn | Non
     continues the step count from there, e.g. to branch off with another
     weight decay. device: where to train (default $CIRCUITBOOK_DEVICE, else
     CUDA when available, else CPU); it is not part of the run key.
+    chunk: how many members train together: None (default: $CIRCUITBOOK_CHUNK, else `auto`, measured
+    by `choose_chunk`), `all`, or a number. Never part of the run key: member k ends with the same
+    numbers (to float rounding) whatever the chunking.
     """
     store = store or runs.Store()
     tasks = list(task) if isinstance(task, (list, tuple)) else [task] * config.n_members
@@ -401,28 +418,63 @@ def train(name: str, model, task, config: TrainConfig, *, evaluate: EvalFn | Non
         "code_version": runs.code_version([*tasks, evaluate, init_fn]),
     }
     rundir = store.run_dir(name, full_config)
-    with rundir.lock():
+    if _planning is not None:
+        return _planning.add(rundir, full_config, model, tasks, config, fork_from)
+    with rundir.lock() as lock:
         if store.open_complete(rundir):
             print(f"[circuitbook] cached run {rundir.name} ({rundir.key}) at {rundir.path}", flush=True)
         else:
-            _Trainer(rundir, full_config, model, tasks, config, evaluate, init_fn, fork_from, progress,
-                     default_device(device)).run()
+            spec = RunSpec(rundir, full_config, model, tasks, config, evaluate, init_fn, fork_from)
+            dev = default_device(device)
+            size = _existing_chunk(rundir) or choose_chunk(spec, chunk, dev)
+            if size >= config.n_members:
+                _Trainer(rundir, full_config, model, tasks, config, evaluate, init_fn, fork_from, progress,
+                         dev, lock=lock).run()
+            else:
+                train_in_parts(spec, size, lock, progress, dev)
     run = Run(rundir)
     context.note_run(run)
     return run
 
 
+def accumulate_gradients(ens: Ensemble, tokens: torch.Tensor, labels: torch.Tensor, kind: str,
+                         tc: TrainConfig) -> torch.Tensor:
+    """Backpropagate each member's mean loss over the whole batch; return the losses [K].
+
+    With `micro_batch_size` the batch is processed in slices whose summed losses are divided
+    by the whole batch's count of scored labels, so the accumulated gradient is the full
+    batch's (one optimizer step per batch, as without slicing), at a slice's memory.
+    """
+    size = tokens.shape[1]
+    step = tc.micro_batch_size or size
+    total = scored_labels(labels).clamp(min=1).to(torch.float32)
+    losses = torch.zeros_like(total)
+    autocast = torch.autocast(ens.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16")
+    for start in range(0, size, step):
+        with autocast:
+            logits = ens.logits(tokens[:, start:start + step], last_only=kind == "last", training=True)
+        summed, _ = vmap(partial(summed_loss, kind=kind))(logits, labels[:, start:start + step])
+        part = summed / total
+        part.sum().backward()
+        losses += part.detach()
+    return losses
+
+
 class _Trainer:
+    """Trains one ensemble into one folder: a whole run, or one part (members `members`) of a split run."""
+
     def __init__(self, rundir, full_config, model_cfg, tasks, tc: TrainConfig, evaluate, init_fn, fork_from, progress,
-                 device):
+                 device, members: Sequence[int] | None = None, lock: runs.LeaseLock | None = None):
         self.dir, self.tc, self.tasks, self.evaluate = rundir, tc, tasks, evaluate
-        self.full_config = full_config
-        self.ens = Ensemble(model_cfg, tc.seeds, init_fn, device)
+        self.full_config, self.lock = full_config, lock
+        self.ens = Ensemble(model_cfg, tc.seeds, init_fn, device, members)
+        self.members = self.ens.members
         self.opt = Optimizer(self.ens.params, self.ens.trainable, tc)
         self.start = 0
         if fork_from is not None:
             parent, step = fork_from
-            self._load_checkpoint(parent.dir.file(_ckpt_rel(step)), parent.manifest["files"][_ckpt_rel(step)]["sha256"])
+            self._load_checkpoint(parent.dir.file(_ckpt_rel(step)), parent.manifest["files"][_ckpt_rel(step)]["sha256"],
+                                  members=self.members)
             self.opt.t = step
             self.start = step
         self.schedule = set(tc.checkpoint_steps(self.start))
@@ -434,6 +486,8 @@ class _Trainer:
 
     # -- checkpoints ---------------------------------------------------
     def _write_checkpoint(self, step: int) -> None:
+        if self.lock is not None:
+            self.lock.check()  # judged dead and taken over while paused: stop writing
         tensors = {f"param.{n}": p for n, p in self.ens.state().items()}
         tensors.update({f"opt.{n}": t for n, t in self.opt.state().items()})
         tensors["rng.torch"] = torch.get_rng_state()
@@ -444,8 +498,14 @@ class _Trainer:
                                {"step": step, "opt_t": self.opt.t, "sha256": digest,
                                 "size": self.dir.file(rel).stat().st_size})
 
-    def _load_checkpoint(self, path: Path, sha256: str) -> None:
+    def _load_checkpoint(self, path: Path, sha256: str, members: Sequence[int] | None = None) -> None:
+        """Weights, optimizer state and RNG state of a checkpoint; `members`: take only these rows of a
+        checkpoint that holds more members (a part forking from a whole parent run)."""
         tensors = runs.load_tensors(path, sha256)
+        if members is not None:
+            rows = torch.tensor(list(members))
+            tensors = {k: (v.index_select(0, rows) if k.startswith(("param.", "opt.")) else v)
+                       for k, v in tensors.items()}
         self.ens.load_state({k[6:]: v for k, v in tensors.items() if k.startswith("param.")})
         self.opt.load_state({k[4:]: v for k, v in tensors.items() if k.startswith("opt.")}, self.opt.t)
         torch.set_rng_state(tensors["rng.torch"])
@@ -521,7 +581,7 @@ class _Trainer:
         evals = [self.start] + [s for s in range(self.start + 1, tc.steps + 1) if s % tc.eval_every == 0 or s == tc.steps]
         last = self.start - 1
         for i, s in enumerate(evals):
-            if not all((s, k) in have for k in range(tc.n_members)):
+            if not all((s, k) in have for k in self.members):
                 return (evals[i] - 1) if i else self.start - 1
             last = s
         return last
@@ -539,7 +599,7 @@ class _Trainer:
             row_metrics.update(self.evaluate(self.ens, step))
         rows = []
         for k in range(self.tc.n_members):
-            row = {"step": step, "member": k, "seed": self.tc.seeds[k]}
+            row = {"step": step, "member": self.members[k], "seed": self.tc.seeds[k]}
             for name, values in row_metrics.items():
                 v = values[k] if hasattr(values, "__len__") else values
                 row[name] = float(v)
@@ -548,26 +608,7 @@ class _Trainer:
             f.write("".join(json.dumps(r) + "\n" for r in rows))
 
     def _accumulate_gradients(self, tokens: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
-        """Backpropagate each member's mean loss over the whole batch; return the losses [K].
-
-        With `micro_batch_size` the batch is processed in slices whose summed losses are divided
-        by the whole batch's count of scored labels, so the accumulated gradient is the full
-        batch's (one optimizer step per batch, as without slicing), at a slice's memory.
-        """
-        tc = self.tc
-        size = tokens.shape[1]
-        step = tc.micro_batch_size or size
-        total = scored_labels(labels).clamp(min=1).to(torch.float32)
-        losses = torch.zeros_like(total)
-        autocast = torch.autocast(self.ens.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16")
-        for start in range(0, size, step):
-            with autocast:
-                logits = self.ens.logits(tokens[:, start:start + step], last_only=kind == "last", training=True)
-            summed, _ = vmap(partial(summed_loss, kind=kind))(logits, labels[:, start:start + step])
-            part = summed / total
-            part.sum().backward()
-            losses += part.detach()
-        return losses
+        return accumulate_gradients(self.ens, tokens, labels, kind, self.tc)
 
     def run(self) -> None:
         self.dir.path.mkdir(parents=True, exist_ok=True)
@@ -593,6 +634,389 @@ class _Trainer:
             if step in self.schedule:
                 self._write_checkpoint(step)
         bar.close()
+        if self.lock is not None:
+            self.lock.check()
         files = ["config.json", "metrics.jsonl"]
         files += [p.relative_to(self.dir.path).as_posix() for p in sorted(self.dir.path.glob("ckpt/step_*"))]
         self.dir.finalize(files, {"checkpoints": sorted(self.schedule), "train_seconds": round(time.time() - t0, 2)})
+
+
+# ---------------------------------------------------------------- chunks of members (parts)
+
+CHUNK_ENV = "CIRCUITBOOK_CHUNK"
+MIN_CALIBRATED_RUN_S = 60.0  # a run estimated shorter than this trains as one ensemble, uncalibrated
+CALIBRATION_REPEATS = 3  # timed steps per chunk size (after one warm-up); the fastest counts
+LOCAL_PART_OVERHEAD_S = 0.5  # per extra part in one process: its own ensemble, first evaluation, files
+
+
+@dataclass
+class RunSpec:
+    """Everything that determines a run, in a form that can be sent to another process (a Ray task)."""
+
+    rundir: runs.RunDir
+    full_config: dict
+    model: object
+    tasks: list
+    tc: TrainConfig
+    evaluate: EvalFn | None = None
+    init_fn: Callable | None = None
+    fork_from: tuple[Run, int] | None = None
+
+
+def split_members(n_members: int, chunk: int) -> list[tuple[int, int]]:
+    """[lo, hi) bounds of ceil(K / chunk) parts whose sizes differ by at most one member."""
+    n = -(-n_members // max(1, min(chunk, n_members)))
+    base, extra = divmod(n_members, n)
+    bounds, lo = [], 0
+    for i in range(n):
+        hi = lo + base + (i < extra)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+def chunk_candidates(n_members: int) -> list[int]:
+    """Chunk sizes the calibration measures: powers of two below K, and K."""
+    out, c = [], 1
+    while c < n_members:
+        out.append(c)
+        c *= 2
+    return out + [n_members]
+
+
+def best_chunk(n_members: int, steps: int, step_seconds: dict[int, float], workers: int = 1,
+               overhead_s: float = LOCAL_PART_OVERHEAD_S) -> int:
+    """The chunk size with the least estimated wall time for the run.
+
+    A chunk of c members trains in `step_seconds[c]` per step; the ceil(K / c) parts run `workers` at a
+    time; every part beyond the first costs `overhead_s` (its own ensemble, evaluations, files; on a
+    cluster, a task's scheduling). Within 5% of the fastest, the larger chunk wins (fewer parts, and
+    the measurement is noisy).
+    """
+    est = {}
+    for c, t in step_seconds.items():
+        n = len(split_members(n_members, c))
+        rounds = -(-n // max(1, workers))
+        est[c] = rounds * steps * t + (n - 1) * overhead_s / min(n, max(1, workers))
+    fastest = min(est.values())
+    return max(c for c, e in est.items() if e <= 1.05 * fastest)
+
+
+def _draws_random_numbers(model_cfg) -> bool:
+    """Members that draw random numbers while training (dropout) share one random stream under vmap,
+    so a chunk would not reproduce them exactly: such runs train as one ensemble."""
+    return bool(getattr(model_cfg, "dropout", 0))
+
+
+def _parse_chunk(choice) -> int | str:
+    if isinstance(choice, int) and not isinstance(choice, bool) and choice >= 1:
+        return choice
+    if isinstance(choice, str) and choice.strip() in ("auto", "all"):
+        return choice.strip()
+    if isinstance(choice, str) and choice.strip().isdigit() and int(choice) >= 1:
+        return int(choice)
+    raise ValueError(f"chunk={choice!r} (or ${CHUNK_ENV}) is not allowed; expected 'auto', 'all' or an integer >= 1")
+
+
+def choose_chunk(spec: RunSpec, requested=None, device: torch.device | None = None) -> int:
+    """How many members train together: `requested`, else $CIRCUITBOOK_CHUNK, else measured.
+
+    `auto` times one step of the whole ensemble; a run estimated under MIN_CALIBRATED_RUN_S trains as
+    one ensemble. A longer one times a step at each candidate chunk size on this device (a few steps,
+    well under 5% of the run) and takes `best_chunk`, counting the Ray cluster's nodes as workers when
+    the run trains under a Ray build.
+    """
+    K = spec.tc.n_members
+    choice = _parse_chunk(requested if requested is not None else os.environ.get(CHUNK_ENV, "auto"))
+    if choice == "all" or K == 1:
+        return K
+    if isinstance(choice, int):
+        return min(choice, K)
+    if _draws_random_numbers(spec.model):
+        return K
+    device = device or default_device()
+    whole = calibrate(spec, [K], device, repeats=1)[K]
+    if spec.tc.steps * whole < MIN_CALIBRATED_RUN_S:
+        return K
+    from . import cluster
+
+    workers, overhead = (cluster.worker_slots(), cluster.TASK_OVERHEAD_S) if cluster.active() else (1, LOCAL_PART_OVERHEAD_S)
+    times = calibrate(spec, chunk_candidates(K), device)
+    chunk = best_chunk(K, spec.tc.steps, times, workers, overhead)
+    print(f"[circuitbook] {spec.rundir.name}: chunk of {chunk} member(s) of {K} "
+          f"(step seconds by chunk size on {device_name(device)}: "
+          + ", ".join(f"{c}: {t:.3f}" for c, t in times.items()) + f"; {workers} worker(s))", flush=True)
+    return chunk
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+_calibrations: dict[str, dict[int, float]] = {}
+
+
+def calibrate(spec: RunSpec, sizes: Sequence[int], device: torch.device, repeats: int = CALIBRATION_REPEATS
+              ) -> dict[int, float]:
+    """Seconds of one training step (forward, backward, optimizer; no evaluation) of the first c members,
+    for each c in `sizes`, on `device`: the fastest of `repeats` steps after a warm-up, sizes interleaved.
+    Remembered per process for the same model, batch and device."""
+    key = runs.hash_text(runs.canonical_json([config_to_dict(spec.model), spec.tc.batch_size, spec.tc.micro_batch_size,
+                                              spec.tc.precision, spec.tc.optimizer, spec.tasks[0].loss,
+                                              device_name(device), sorted(sizes), repeats]))
+    have = _calibrations.setdefault(key, {})
+    todo = [c for c in sizes if c not in have]
+    if todo:
+        steps = {c: _step_fn(spec, c, device) for c in todo}
+        best = {c: float("inf") for c in todo}
+        for _ in range(repeats):
+            for c in todo:
+                best[c] = min(best[c], steps[c]())
+        have.update(best)
+    return {c: have[c] for c in sizes}
+
+
+def _step_fn(spec: RunSpec, c: int, device: torch.device) -> Callable[[], float]:
+    """A timed training step of members 0..c-1 (after one warm-up step); the global RNG is left untouched."""
+    tc = _member_slice(spec.tc, 0, c)
+    with torch.random.fork_rng(devices=[]):
+        ens = Ensemble(spec.model, tc.seeds, None, device)
+    opt = Optimizer(ens.params, ens.trainable, tc)
+    batches = [t.train_batch(0, tc.batch_size, derive_seed("data", s)) for t, s in zip(spec.tasks[:c], tc.seeds)]
+    tokens = torch.stack([b.tokens for b in batches]).to(device)
+    labels = torch.stack([b.labels for b in batches]).to(device)
+    kind = spec.tasks[0].loss
+
+    def step() -> float:
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            sync()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            accumulate_gradients(ens, tokens, labels, kind, tc)
+            opt.step()
+            sync()
+        return time.perf_counter() - t0
+
+    step()
+    return step
+
+
+def _member_slice(tc: TrainConfig, lo: int, hi: int) -> TrainConfig:
+    """The TrainConfig of members lo..hi-1 (per-member lr and weight decay sliced too)."""
+    cut = {n: getattr(tc, n)[lo:hi] for n in ("lr", "weight_decay") if isinstance(getattr(tc, n), tuple)}
+    return replace(tc, seeds=tc.seeds[lo:hi], **cut)
+
+
+def _part_tag(lo: int, hi: int) -> str:
+    return f"members_{lo:05d}_{hi:05d}"
+
+
+def part_dir(rundir: runs.RunDir, lo: int, hi: int) -> runs.RunDir:
+    return runs.RunDir(rundir.path / "parts" / _part_tag(lo, hi), rundir.name, rundir.key)
+
+
+def _existing_chunk(rundir: runs.RunDir) -> int | None:
+    """The chunk size an interrupted attempt chose (it resumes the same way), or None if nothing was trained."""
+    plan = rundir.path / "parts" / "plan.json"
+    if plan.exists():
+        with_plan = runs.read_json(plan)
+        return int(with_plan["chunk"])
+    if rundir.file("metrics.jsonl").exists() or any(rundir.path.glob("ckpt/step_*.json")):
+        return sys.maxsize  # an interrupted whole-ensemble run: resume it as one ensemble
+    return None
+
+
+def _event(rundir: runs.RunDir, tag: str, event: str, **extra) -> None:
+    """One file per event (never an append: appends are not atomic on network filesystems)."""
+    info = {"part": tag, "event": event, "host": runs._host_id(), "pid": os.getpid(), "time": time.time(), **extra}
+    runs.atomic_write_json(rundir.path / "events" / f"{time.time_ns()}-{os.getpid()}-{tag}-{event}.json", info)
+
+
+def events(rundir: runs.RunDir) -> list[dict]:
+    """The training events of a run split into parts (start, resume, finish per part; publish), in order."""
+    return sorted((runs.read_json(p) for p in rundir.path.glob("events/*.json")), key=lambda e: e["time"])
+
+
+def train_part(spec: RunSpec, lo: int, hi: int, lock: runs.LeaseLock, progress=None, device=None) -> None:
+    """Train members lo..hi-1 of a run into its part folder (resuming it), under the part's lock."""
+    part = part_dir(spec.rundir, lo, hi)
+    if part.check_complete()[0]:
+        return
+    if part.manifest_path.exists():
+        part.wipe()  # a damaged part: recomputed
+    tag = _part_tag(lo, hi)
+    resumed = part.file("metrics.jsonl").exists()
+    _event(spec.rundir, tag, "resume" if resumed else "start")
+    _Trainer(part, {**spec.full_config, "part": [lo, hi]}, spec.model, spec.tasks[lo:hi], _member_slice(spec.tc, lo, hi),
+             spec.evaluate, spec.init_fn, spec.fork_from, progress, device or default_device(),
+             members=range(lo, hi), lock=lock).run()
+    _event(spec.rundir, tag, "finish")
+
+
+def train_part_if_free(spec: RunSpec, lo: int, hi: int, device: str | None = None) -> str:
+    """What a Ray task runs: train the part unless it is complete or another process holds it."""
+    part = part_dir(spec.rundir, lo, hi)
+    if part.check_complete()[0]:
+        return "complete"
+    lock = runs.LeaseLock(spec.rundir.lock_path(_part_tag(lo, hi)))
+    if not lock.try_acquire():
+        return "busy"
+    try:
+        train_part(spec, lo, hi, lock, progress=False, device=default_device(device))
+    finally:
+        lock.release()
+    return "trained"
+
+
+def train_in_parts(spec: RunSpec, chunk: int, lock: runs.LeaseLock, progress=None, device=None, poll: float = 0.5) -> None:
+    """Train a run as parts of at most `chunk` members, then publish it.
+
+    This process trains every part it can claim; under a Ray build every part is also offered to
+    the cluster as a task, and whichever process claims a part's lock first trains it (a part whose
+    holder died is taken over: see runs.LeaseLock). The run is published once every part is complete.
+    """
+    rundir = spec.rundir
+    plan_path = rundir.path / "parts" / "plan.json"
+    if plan_path.exists():
+        bounds = [tuple(b) for b in runs.read_json(plan_path)["parts"]]
+    else:
+        bounds = split_members(spec.tc.n_members, chunk)
+        runs.atomic_write_json(plan_path, {"chunk": chunk, "parts": bounds})
+    print(f"[circuitbook] training {rundir.name} ({rundir.key}) in {len(bounds)} parts: "
+          + ", ".join(f"members {lo}-{hi - 1}" for lo, hi in bounds), flush=True)
+    from . import cluster
+
+    remote = cluster.submit_parts(spec, bounds) if cluster.active() else None
+    watches: dict = {b: {} for b in bounds}
+    try:
+        while True:
+            pending = [b for b in bounds if not part_dir(rundir, *b).check_complete()[0]]
+            if not pending:
+                break
+            for lo, hi in pending:
+                part_lock = runs.LeaseLock(rundir.lock_path(_part_tag(lo, hi)))
+                if part_lock.try_acquire(watches[(lo, hi)]):
+                    try:
+                        train_part(spec, lo, hi, part_lock, progress, device)
+                    finally:
+                        part_lock.release()
+                    break
+            else:
+                lock.check()
+                time.sleep(poll)
+    finally:
+        if remote is not None:
+            remote.close()
+    lock.check()
+    _publish_parts(spec, bounds)
+
+
+def _publish_parts(spec: RunSpec, bounds: list[tuple[int, int]]) -> None:
+    """Stack the parts' checkpoints along the member axis, merge their metrics, write the manifest."""
+    rundir = spec.rundir
+    parts = [part_dir(rundir, lo, hi) for lo, hi in bounds]
+    manifests = [p.manifest() for p in parts]
+    schedule = manifests[0]["checkpoints"]
+    runs.atomic_write_json(rundir.file("config.json"), spec.full_config)
+    for step in schedule:
+        rel = _ckpt_rel(step)
+        loaded = [runs.load_tensors(p.file(rel), m["files"][rel]["sha256"]) for p, m in zip(parts, manifests)]
+        merged = {k: torch.cat([t[k] for t in loaded]) if k.startswith(("param.", "opt.")) else v
+                  for k, v in loaded[0].items()}
+        digest = runs.save_tensors(rundir.file(rel), merged)
+        marker = runs.read_json(parts[0].file(rel).with_suffix(".json"))
+        runs.atomic_write_json(rundir.file(rel).with_suffix(".json"),
+                               {"step": step, "opt_t": marker["opt_t"], "sha256": digest,
+                                "size": rundir.file(rel).stat().st_size})
+    rows = [r for p in parts for r in runs.read_jsonl(p.file("metrics.jsonl"))]
+    rows.sort(key=lambda r: (r["step"], r["member"]))
+    runs.atomic_write_bytes(rundir.file("metrics.jsonl"), "".join(json.dumps(r) + "\n" for r in rows).encode())
+    files = ["config.json", "metrics.jsonl"]
+    files += [p.relative_to(rundir.path).as_posix() for p in sorted(rundir.path.glob("ckpt/step_*"))]
+    rundir.finalize(files, {"checkpoints": schedule, "parts": [list(b) for b in bounds],
+                            "train_seconds": round(sum(m["train_seconds"] for m in manifests), 2)})
+    _event(rundir, "run", "publish")
+    import shutil
+
+    shutil.rmtree(rundir.path / "parts", ignore_errors=True)
+
+
+# ---------------------------------------------------------------- planning (train nothing)
+
+_planning: "Plan | None" = None
+
+
+class PlannedRun:
+    """What `train()` returns while planning: the run's identity and size, nothing trained."""
+
+    def __init__(self, rundir: runs.RunDir, model, tasks: list, tc: TrainConfig, fork_from, complete: bool):
+        self.dir, self.path, self.model_config, self.train_config = rundir, rundir.path, model, tc
+        self.tasks, self.fork_from, self.complete = tasks, fork_from, complete
+
+    def __repr__(self):
+        return f"PlannedRun({self.dir.name}, key={self.key}, members={self.n_members})"
+
+    key = property(lambda self: self.dir.key)
+    n_members = property(lambda self: self.train_config.n_members)
+
+    @property
+    def start(self) -> int:
+        return 0 if self.fork_from is None else int(self.fork_from[1])
+
+    def checkpoint_steps(self) -> list[int]:
+        return self.train_config.checkpoint_steps(self.start)
+
+    def metrics(self):
+        raise RuntimeError(f"{self.dir.name} is planned, not trained: it has no metrics")
+
+
+class Plan:
+    """The runs `train()` was asked for while planning, in order (`planning()`)."""
+
+    def __init__(self):
+        self.runs: list[PlannedRun] = []
+
+    def add(self, rundir, full_config, model, tasks, tc, fork_from) -> PlannedRun:
+        complete = rundir.check_complete()[0]
+        planned = PlannedRun(rundir, model, tasks, tc, fork_from, complete)
+        if all(r.key != planned.key or r.dir.name != rundir.name for r in self.runs):
+            self.runs.append(planned)
+        return planned
+
+
+@contextlib.contextmanager
+def planning():
+    """Within this block `train()` trains nothing: it returns a PlannedRun and adds it to the Plan."""
+    global _planning
+    previous, _planning = _planning, Plan()
+    try:
+        yield _planning
+    finally:
+        _planning = previous
+
+
+def count_parameters(model_cfg) -> int:
+    """Trainable parameters of one member."""
+    with torch.random.fork_rng(devices=[]):
+        model = model_cfg.build(seed=0)
+    names = set(model.trainable_names())
+    return sum(p.numel() for n, p in model.named_parameters() if n in names)
+
+
+def step_flops(spec: RunSpec, batch: int = 8) -> float:
+    """FLOPs of one training step of the whole ensemble (forward and backward, counted by torch's
+    FlopCounterMode on one member at a small batch, scaled to the run's batch and members)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    tc = _member_slice(spec.tc, 0, 1)
+    b = min(batch, tc.batch_size)
+    with torch.random.fork_rng(devices=[]):
+        ens = Ensemble(spec.model, tc.seeds, None, "cpu")
+    sample = spec.tasks[0].train_batch(0, b, derive_seed("data", tc.seeds[0]))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        accumulate_gradients(ens, sample.tokens[None], sample.labels[None], spec.tasks[0].loss, replace(tc, micro_batch_size=None))
+    return counter.get_total_flops() * tc.batch_size / b * spec.tc.n_members
