@@ -1,0 +1,988 @@
+"""Chapter `inductive_manifold`: "Invariant learning dynamics of transformers in inductive reasoning
+tasks" (Musat, Pimentel, Zucchet, Hofmann; arXiv 2607.11875), built from the spec in PAPERS.md
+(the paper has no public code and its full text was not available).
+
+What the notebooks share:
+
+Tasks and symmetries (01)       `example_table`, `pvalue_table`, `power_curve`
+The manifold, IM-1 (02)         `EnumeratedTask`, `gradient_grid`, `broken_assumptions`,
+                                `monte_carlo_outside`, `train_in_and_off_s`
+Two layers, IM-2..IM-4 (03)     `recall_task`, `Probe`, `train_restricted_and_full`, `loss_gap`,
+                                `crossing_steps`, `train_scaling`, `fit_power_law`, `icl_gradient`,
+                                `saturating_delta`, `train_suppression_sweep`, `suppression_table`,
+                                `train_burstiness_sweep`, `burstiness_table`, `train_standard`
+Initialisation, IM-5 (04)       `three_layer_directions`, `CIRCUITS`, `InitTable`, `init_design`,
+                                `train_init_ensemble`, `winners`, `logistic_fit`
+Circuit detection, IM-6 (05)    `train_two_hop`, `backward_elimination`, `aiding_split`, `circuit_graph`,
+                                `finds_two_hop_circuit`
+
+Conventions: every training run goes through `circuitbook.train` (ensembles of seeds and sweeps);
+the loss is the library's last-position cross-entropy; "unit directions": an IMIRModel's phi and
+`IMIRBasis.direction_value` are coefficients on directions of unit Frobenius norm in weight
+space, so restricted and unrestricted models are read in the same units.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..analysis import imir
+from ..tasks.base import Batch, FixedDataset
+from ..tasks.blocklist import KINDS, BlockListTask, rejection_rate, symmetry_test
+from ..train import Run, TrainConfig, _tensor_digest, train
+
+
+def set_threads(n: int | None) -> int:
+    """torch.set_num_threads(n) unless n is None (one thread is fastest for these small models on a busy CPU)."""
+    if n is not None:
+        torch.set_num_threads(int(n))
+    return torch.get_num_threads()
+
+
+# =============================================================================== 01 tasks and symmetries
+
+def example_tasks(n_pairs: int = 8, n_blocks: int = 4, n_rare: int = 4, f_r: float = 0.25, f_v: float = 0.25,
+                  n_fill: int = 2) -> dict[str, BlockListTask]:
+    """One task of every kind with the same knobs (k-hop: 2 hops; n-gram: trigrams)."""
+    return {kind: BlockListTask(kind, n_pairs=n_pairs, n_rare=n_rare, n_blocks=n_blocks, hops=2, ngram=3,
+                                f_r=f_r, f_v=f_v, n_fill=n_fill, bos=True) for kind in KINDS}
+
+
+def example_table(tasks: Mapping[str, BlockListTask], n: int, seed: int) -> pd.DataFrame:
+    rows = []
+    for kind, task in tasks.items():
+        s = task.sample(n, seed)
+        for i in range(n):
+            rows.append({"task": kind, "sequence | query -> target": task.describe(s, i),
+                         "query chain": "rare" if s.is_rare[i] else ("canonical" if s.canonical[i] else "non-canonical"),
+                         "first labels": " ".join(map(str, s.positions[i, :4].tolist()))})
+    return pd.DataFrame(rows)
+
+
+def pvalue_table(cases: Mapping[str, tuple[BlockListTask, str]], n: int, reps: int, first_seed: int = 0) -> pd.DataFrame:
+    """p-values of `reps` symmetry tests for each named (task, transform)."""
+    rows = []
+    for name, (task, transform) in cases.items():
+        for r in range(reps):
+            p = symmetry_test(task, transform, n, first_seed + r)["p_value"]
+            rows.append({"case": name, "rep": r, "p_value": p})
+    return pd.DataFrame(rows)
+
+
+def power_curve(cases: Mapping[str, tuple[BlockListTask, str]], ns: Sequence[int], reps: int,
+                alpha: float) -> pd.DataFrame:
+    rows = []
+    for name, (task, transform) in cases.items():
+        for n in ns:
+            rows.append({"case": name, "n": n, "rejection_rate": rejection_rate(task, transform, n, reps, alpha)})
+    return pd.DataFrame(rows)
+
+
+# =============================================================================== 02 the manifold (IM-1)
+
+class EnumeratedTask(FixedDataset):
+    """The whole distribution of a small task as a fixed training set (full-batch training on it
+    is gradient descent on the exact expected loss). Every outcome must be equally likely."""
+
+    def __init__(self, task: BlockListTask, max_outcomes: int = 200_000):
+        s, prob = task.enumerate_outcomes(max_outcomes)
+        if not torch.allclose(prob, prob[0].expand_as(prob), rtol=1e-9, atol=0):
+            raise ValueError(f"EnumeratedTask: the outcomes of {task!r} are not equally likely (use f_r and f_v in "
+                             "{0, 1} and zipf = 0), so a plain mean over them is not the expected loss")
+        self.task = task
+        super().__init__(task.model_inputs(s), s.targets, vocab_size=task.vocab_size, n_outputs=task.n_outputs)
+
+    def spec(self) -> dict:
+        return {"enumerated": self.task.spec(), "n": len(self)}
+
+
+def _grad_outside(model, basis, task, grads=None) -> dict:
+    g = grads if grads is not None else imir.expected_gradient(model, task)
+    out = basis.outside(g, g.keys())
+    return {"outside": out["relative"], "grad_norm": out["total"]}
+
+
+def gradient_grid(task: BlockListTask, n_layers: int, n_points: int, scale: float, first_seed: int = 0) -> pd.DataFrame:
+    """IM-1 numerically: the exact expected gradient at `n_points` random points of S."""
+    layout = imir.Layout.from_task(task)
+    basis = imir.IMIRBasis.concatenated(layout, n_layers, 1)
+    rows = []
+    for i in range(n_points):
+        seed = first_seed + i
+        model = imir.theory_model(layout, n_layers, 1, coords=basis.random_point(seed, scale))
+        rows.append({"layers": n_layers, "point": i, **_grad_outside(model, basis, task)})
+    return pd.DataFrame(rows)
+
+
+def broken_assumptions(task: BlockListTask, n_layers: int, scale: float, seed: int = 0,
+                       zipf: float = 1.0) -> pd.DataFrame:
+    """The exact expected gradient at one point of S when one assumption of Theorem 1 is broken."""
+    layout = imir.Layout.from_task(task)
+    basis = imir.IMIRBasis.concatenated(layout, n_layers, 1)
+    theta = basis.random_point(seed, scale)
+    intact = imir.theory_model(layout, n_layers, 1, coords=theta)
+    cases = {
+        "none (all assumptions hold)": (intact, task),
+        "trained value-output maps": (imir.theory_model(layout, n_layers, 1, coords=theta, trained_value_maps=True), task),
+        "non-orthonormal embeddings": (imir.theory_model(layout, n_layers, 1, coords=theta,
+                                                         token_embedding="gaussian"), task),
+        f"token symmetry broken (zipf {zipf:g})": (intact, task.with_knobs(zipf=zipf)),
+        "absolute positions (no random offset)": (intact, task.with_knobs(offsets="fixed")),
+    }
+    rows = [{"layers": n_layers, "broken assumption": name, **_grad_outside(m, basis, t)} for name, (m, t) in cases.items()]
+    return pd.DataFrame(rows)
+
+
+def monte_carlo_outside(task: BlockListTask, n_layers: int, ns: Sequence[int], scale: float, seed: int = 0,
+                        reps: int = 3) -> pd.DataFrame:
+    """The gradient's part outside S when the expectation is a mean over n sampled sequences."""
+    layout = imir.Layout.from_task(task)
+    basis = imir.IMIRBasis.concatenated(layout, n_layers, 1)
+    model = imir.theory_model(layout, n_layers, 1, coords=basis.random_point(seed, scale))
+    rows = []
+    for n in ns:
+        for r in range(reps):
+            g = imir.sampled_gradient(model, task, int(n), seed=1000 * r + int(n))
+            rows.append({"layers": n_layers, "n": int(n), "rep": r, **_grad_outside(model, basis, task, g)})
+    return pd.DataFrame(rows)
+
+
+class DistanceProbe:
+    """evaluate(ens, step): each member's relative distance of (W_QK, W_U) to S, and its loss on a pool."""
+
+    def __init__(self, basis: imir.IMIRBasis, pool: Batch | None = None):
+        self.basis, self.pool = basis, pool
+
+    def spec(self) -> dict:
+        return {"distance_probe": imir.asdict(self.basis.layout), "layers": self.basis.n_layers,
+                "pool": None if self.pool is None else _tensor_digest(self.pool.tokens, self.pool.labels)}
+
+    @torch.no_grad()
+    def __call__(self, ens, step: int) -> dict:
+        K = ens.n_members
+        dist = torch.tensor([imir.distance_to_s(self.basis, {n: p[k] for n, p in ens.params.items()})
+                             for k in range(K)])
+        out = {"distance_to_s": dist}
+        if self.pool is not None:
+            out["pool_loss"] = _pool_loss(ens, self.pool)
+        return out
+
+
+def _pool_loss(ens, pool: Batch) -> torch.Tensor:
+    logits = ens.logits(pool.tokens, last_only=True)[:, :, -1].float()
+    return -logits.log_softmax(-1).gather(-1, pool.labels.expand(logits.shape[0], -1)[..., None]).squeeze(-1).mean(-1)
+
+
+def train_in_and_off_s(task: BlockListTask, n_layers: int, seeds: Sequence[int], steps: int, lr: float, scale: float,
+                       off_s_std: float, sampled_batch: int, eval_every: int, name: str = "inductive_manifold/im1"
+                       ) -> dict[str, Run]:
+    """Full-parameter gradient descent on the theory's model, started at random points of S (one per seed):
+    full batch on the enumerated distribution (the exact expected gradient), the same started off S, and
+    SGD on sampled batches started in S."""
+    layout = imir.Layout.from_task(task)
+    data = EnumeratedTask(task)
+    basis = imir.IMIRBasis.concatenated(layout, n_layers, 1)
+    probe = DistanceProbe(basis, Batch(data.tokens, data.labels))
+    cfg = imir.theory_config(layout, n_layers, 1)
+    full = TrainConfig(steps=steps, batch_size=len(data), seeds=tuple(seeds), lr=lr, optimizer="sgd",
+                       eval_every=eval_every, log_checkpoints=4)
+    sampled = TrainConfig(steps=steps, batch_size=sampled_batch, seeds=tuple(seeds), lr=lr, optimizer="sgd",
+                          eval_every=eval_every, log_checkpoints=4)
+    return {
+        "in S, full batch": train(f"{name}/in_s", cfg, data, full, evaluate=probe,
+                                  init_fn=imir.TheoryInit(layout, random_scale=scale)),
+        "off S, full batch": train(f"{name}/off_s", cfg, data, full, evaluate=probe,
+                                   init_fn=imir.TheoryInit(layout, random_scale=scale, off_s_std=off_s_std)),
+        "in S, sampled batches": train(f"{name}/in_s_sampled", cfg, task, sampled, evaluate=probe,
+                                       init_fn=imir.TheoryInit(layout, random_scale=scale)),
+    }
+
+
+def s_dimensions(layout: imir.Layout, n_layers: int, n_heads: int = 1) -> pd.DataFrame:
+    """Coordinates of S per weight matrix against that matrix's number of entries."""
+    basis = imir.IMIRBasis.concatenated(layout, n_layers, n_heads)
+    rows = []
+    for l in range(n_layers):
+        n = len(basis.paths[l])
+        rows.append({"layers": n_layers, "weight": f"W_QK layer {l + 1}", "paths seen": n,
+                     "coordinates": math.prod(basis.qk_shape(l)), "entries": n_heads * basis.D ** 2})
+    rows.append({"layers": n_layers, "weight": "W_U", "paths seen": len(basis.paths[n_layers]),
+                 "coordinates": math.prod(basis.readout_shape), "entries": basis.D * layout.n_tokens})
+    return pd.DataFrame(rows)
+
+
+# =============================================================================== 03 two layers (IM-2, IM-3, IM-4)
+
+def recall_task(n_pairs: int, n_blocks: int, f_v: float, f_r: float = 0.0, n_rare: int = 0, burstiness: int = 1,
+                bos: bool = True) -> BlockListTask:
+    return BlockListTask("recall", n_pairs=n_pairs, n_rare=n_rare, n_blocks=n_blocks, f_r=f_r, f_v=f_v,
+                         burstiness=burstiness, bos=bos)
+
+
+def recall_pools(task: BlockListTask, n: int, seed: int = 12345) -> dict[str, Batch]:
+    """Evaluation pools of the task's layout: 'icl' (non-canonical or rare queries: only the context
+    answers), 'iw' (canonical common queries: the association answers) and 'task' (the task itself)."""
+    icl = task.with_knobs(f_v=1.0, f_r=0.0)
+    iw = task.with_knobs(f_v=0.0, f_r=0.0)
+    return {"icl": icl.batch(icl.sample(n, seed)), "iw": iw.batch(iw.sample(n, seed + 1)),
+            "task": task.batch(task.sample(n, seed + 2))}
+
+
+def member_weights(ens, basis: imir.IMIRBasis, k: int) -> dict[str, torch.Tensor]:
+    """(W_QK per layer, W_U) of ensemble member k, for a ToyTransformer or an IMIRModel ensemble."""
+    if "phi" in ens.params:
+        D = ens.buffers["directions"][k].double()
+        phi = ens.params["phi"][k].detach().double()
+        theta = D * phi if D.dim() == 1 else D @ phi
+        return basis.weights(theta)
+    names = [f"blocks.{l}.attn.W_QK" for l in range(basis.n_layers)] + ["unembed.W_U"]
+    return {n: ens.params[n][k].detach().double() for n in names}
+
+
+class Probe:
+    """evaluate(ens, step): accuracy on pools, loss on the 'task' pool, and the values of named
+    unit directions, for ToyTransformer or IMIRModel ensembles alike."""
+
+    def __init__(self, basis: imir.IMIRBasis, directions: Mapping[str, Mapping[str, float]],
+                 pools: Mapping[str, Batch]):
+        self.basis, self.pools = basis, dict(pools)
+        self.directions = {k: dict(v) for k, v in directions.items()}
+        self._units = {}
+        for name, d in self.directions.items():
+            W = basis.weights(basis.direction_weights(d))
+            norm = math.sqrt(sum(w.pow(2).sum().item() for w in W.values()))
+            self._units[name] = {n: w / norm for n, w in W.items()}
+
+    def spec(self) -> dict:
+        return {"probe": imir.asdict(self.basis.layout), "layers": self.basis.n_layers,
+                "directions": self.directions,
+                "pools": {k: _tensor_digest(b.tokens, b.labels) for k, b in self.pools.items()}}
+
+    @torch.no_grad()
+    def __call__(self, ens, step: int) -> dict:
+        out = {}
+        for name, pool in self.pools.items():
+            logits = ens.logits(pool.tokens, last_only=True)[:, :, -1].float()
+            out[f"acc_{name}"] = (logits.argmax(-1) == pool.labels).float().mean(-1)
+            if name == "task":
+                logp = logits.log_softmax(-1)
+                out["loss_task"] = -logp.gather(-1, pool.labels.expand(logits.shape[0], -1)[..., None]).squeeze(-1).mean(-1)
+        values = {name: [] for name in self._units}
+        for k in range(ens.n_members):
+            W = member_weights(ens, self.basis, k)
+            for name, unit in self._units.items():
+                values[name].append(sum((W[n] * u).sum() for n, u in unit.items()).item())
+        out.update({name: torch.tensor(v) for name, v in values.items()})
+        return out
+
+
+def train_restricted_and_full(task: BlockListTask, seeds: Sequence[int], steps: int, lr: float, batch: int,
+                              eval_every: int, pool_size: int, name: str = "inductive_manifold/im2") -> dict[str, Run]:
+    """The 2-layer, 1-head theory model from zero init: restricted to (alpha, beta, gamma, delta)
+    and unrestricted (every W_QK and W_U entry), plain SGD, same batches."""
+    layout = imir.Layout.from_task(task)
+    basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+    dirs = imir.two_layer_directions(basis)
+    probe = Probe(basis, dirs, recall_pools(task, pool_size))
+    tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(seeds), lr=lr, optimizer="sgd", eval_every=eval_every,
+                     log_checkpoints=8)
+    return {"restricted": train(f"{name}/restricted", imir.IMIRConfig.with_directions(layout, dirs), task, tc,
+                                evaluate=probe),
+            "unrestricted": train(f"{name}/unrestricted", imir.theory_config(layout, 2, 1), task, tc, evaluate=probe,
+                                  init_fn=imir.TheoryInit(layout))}
+
+
+def loss_gap(restricted: Run, unrestricted: Run, column: str = "loss_task", scale: float | None = None) -> pd.DataFrame:
+    """Per seed: the largest |loss_restricted - loss_unrestricted| over the evaluated steps, divided by
+    `scale` (default: the loss at step 0, log V at zero init)."""
+    a = restricted.metrics().set_index(["seed", "step"])[column]
+    b = unrestricted.metrics().set_index(["seed", "step"])[column]
+    both = pd.concat({"r": a, "u": b}, axis=1).dropna()
+    rows = []
+    for seed, g in both.groupby(level="seed"):
+        ref = scale if scale is not None else float(g["u"].iloc[0])
+        rows.append({"seed": seed, "max_gap": float((g["r"] - g["u"]).abs().max() / ref),
+                     "final_restricted": float(g["r"].iloc[-1]), "final_unrestricted": float(g["u"].iloc[-1])})
+    return pd.DataFrame(rows)
+
+
+def crossing_steps(metrics: pd.DataFrame, column: str, threshold: float) -> pd.Series:
+    """Per member: the first step at which `column` reaches `threshold`, linearly interpolated
+    between evaluations (NaN if never)."""
+    out = {}
+    for member, g in metrics.sort_values("step").groupby("member"):
+        x, y = g["step"].to_numpy(float), g[column].to_numpy(float)
+        hit = np.nonzero(y >= threshold)[0]
+        if len(hit) == 0:
+            out[member] = float("nan")
+        elif hit[0] == 0:
+            out[member] = float(x[0])
+        else:
+            i = hit[0]
+            out[member] = float(x[i - 1] + (threshold - y[i - 1]) / (y[i] - y[i - 1]) * (x[i] - x[i - 1]))
+    return pd.Series(out, name=column)
+
+
+def fit_power_law(x, y, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Least-squares slope of log y against log x, with a bootstrap 95% interval over the points."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    x, y = np.log(x[keep]), np.log(y[keep])
+    if len(np.unique(x)) < 2:
+        return {"slope": float("nan"), "intercept": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": int(len(x))}
+    slope, intercept = np.polyfit(x, y, 1)
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot):
+        i = rng.integers(0, len(x), len(x))
+        if len(np.unique(x[i])) >= 2:
+            boots.append(np.polyfit(x[i], y[i], 1)[0])
+    lo, hi = np.percentile(boots, [2.5, 97.5]) if boots else (float("nan"), float("nan"))
+    return {"slope": float(slope), "intercept": float(intercept), "lo": float(lo), "hi": float(hi), "n": int(len(x))}
+
+
+def train_scaling(ns: Sequence[int], n_pairs: int, seeds: Sequence[int], steps: int, lr: float, batch: int,
+                  eval_every: int, pool_size: int, name: str = "inductive_manifold/scaling") -> dict[int, Run]:
+    """The predecessor paper's special case: associative recall with N random pairs (f_v = 1, no
+    in-weights answer), the restricted 2-layer model from zero init, one run (seeds) per N."""
+    out = {}
+    for n in ns:
+        task = recall_task(max(n_pairs, 2 * n), n, f_v=1.0)
+        layout = imir.Layout.from_task(task)
+        basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+        dirs = imir.two_layer_directions(basis)
+        pools = recall_pools(task, pool_size)
+        probe = Probe(basis, dirs, {"icl": pools["icl"], "task": pools["task"]})
+        tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(seeds), lr=lr, optimizer="sgd",
+                         eval_every=eval_every, log_checkpoints=0)
+        out[n] = train(f"{name}/N{n}", imir.IMIRConfig.with_directions(layout, dirs), task, tc, evaluate=probe)
+    return out
+
+
+def scaling_table(runs: Mapping[int, Run], thresholds: Mapping[str, float]) -> pd.DataFrame:
+    """Emergence step of each direction (first crossing of its threshold) and of in-context accuracy."""
+    rows = []
+    for n, run in runs.items():
+        m = run.metrics()
+        cross = {col: crossing_steps(m, col, thr) for col, thr in thresholds.items()}
+        for member, seed in enumerate(run.train_config.seeds):
+            rows.append({"N": n, "seed": seed, **{f"T_{col}": float(cross[col].get(member, np.nan)) for col in cross}})
+    return pd.DataFrame(rows)
+
+
+# -------------------------------------------------------------------- the in-context gradient
+
+def icl_gradient(model: imir.IMIRModel, task: BlockListTask, n: int, seed: int,
+                 icl: Sequence[str] = ("alpha", "beta", "gamma"), loss: str = "ce") -> float:
+    """Norm of the loss gradient on the unit in-context directions, a mean over n sampled sequences
+    (the same sequences for every call with the same seed: ratios cancel most sampling noise)."""
+    names = model.direction_names
+    for d in icl:
+        if d not in names:
+            raise ValueError(f"icl_gradient: direction {d!r} is not one of the model's {names}")
+    g = imir.sampled_gradient(model, task, n, seed, loss=loss)["phi"]
+    idx = [names.index(d) for d in icl]
+    return float(g[idx].norm())
+
+
+def with_direction(model: imir.IMIRModel, name: str, value: float) -> imir.IMIRModel:
+    """A copy of an IMIRModel with one direction's phi set to `value`."""
+    import copy
+
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        m.phi[m.direction_names.index(name)] = value
+    return m
+
+
+def learned_delta(model: imir.IMIRModel, task: BlockListTask, loss: str, p_target: float = 0.99,
+                  n: int = 256) -> float:
+    """The premise of Theorem 2, 'delta has learned C': the delta (unit direction) at which the
+    in-weights circuit alone answers canonical common queries. mse: the least-squares delta
+    (the output equals the partner's embedding); ce: the delta at which it gives the partner
+    probability p_target (cross-entropy has no finite optimum there)."""
+    probe = with_direction(model, "delta", 1.0).double()
+    with torch.no_grad():
+        probe.phi.zero_()
+        probe.phi[probe.direction_names.index("delta")] = 1.0
+        s = task.with_knobs(f_r=0.0, f_v=0.0).sample(n, 0)
+        logits = probe(task.model_inputs(s), last_only=True)[:, -1]  # linear in delta
+    if loss == "mse":
+        target = imir.label_targets(imir.Layout.from_task(task), s.targets)
+        return float((logits * target).sum() / logits.pow(2).sum())
+    if loss != "ce":
+        raise ValueError(f"learned_delta: loss={loss!r}; expected 'ce' or 'mse'")
+    p = lambda d: float((d * logits).softmax(-1).gather(-1, s.targets[:, None]).mean())
+    lo, hi = 0.0, 1.0
+    while p(hi) < p_target:
+        hi *= 2
+        if hi > 1e6:
+            raise ValueError(f"learned_delta: p_target={p_target} is not reachable")
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if p(mid) < p_target else (lo, mid)
+    return hi
+
+
+def theory_factor(f_r, f_v):
+    """Theorem 2's suppression factor f_r + (1 - f_r) f_v."""
+    return np.asarray(f_r) + (1 - np.asarray(f_r)) * np.asarray(f_v)
+
+
+def calibrated_factor(f_r, f_v):
+    """The factor when delta is at its cross-entropy optimum (P(C q) = 1 - f_v) rather than saturated:
+    canonical queries still push with weight f_v, so f_r + (1 - f_r) f_v (2 - f_v)."""
+    f_r, f_v = np.asarray(f_r), np.asarray(f_v)
+    return f_r + (1 - f_r) * f_v * (2 - f_v)
+
+
+def sweep_members(grid: Sequence[tuple], seeds: Sequence[int]) -> list[tuple]:
+    """Members of a sweep ensemble: every grid point with every seed, as (point, seed, member seed)."""
+    out = []
+    for i, point in enumerate(grid):
+        for seed in seeds:
+            out.append((point, seed, 1000 * i + seed))
+    return out
+
+
+def train_suppression_sweep(n_pairs: int, n_rare: int, n_blocks: int, grid: Sequence[tuple[float, float]],
+                            seeds: Sequence[int], steps: int, lr: float, batch: int, eval_every: int, pool_size: int,
+                            name: str = "inductive_manifold/im3") -> tuple[Run, list[tuple]]:
+    """One ensemble over (f_r, f_v) x seeds: the restricted 2-layer model from zero init, each member on its own task."""
+    members = sweep_members(grid, seeds)
+    tasks = [recall_task(n_pairs, n_blocks, f_v=fv, f_r=fr, n_rare=n_rare) for (fr, fv), _, _ in members]
+    layout = imir.Layout.from_task(tasks[0])
+    basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+    dirs = imir.two_layer_directions(basis)
+    probe = Probe(basis, dirs, recall_pools(tasks[0], pool_size))
+    tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(m[2] for m in members), lr=lr, optimizer="sgd",
+                     eval_every=eval_every, checkpoint_every=eval_every, log_checkpoints=0)
+    return train(name, imir.IMIRConfig.with_directions(layout, dirs), tasks, tc, evaluate=probe), members
+
+
+def suppression_law(grid: Sequence[tuple[float, float]], seeds: Sequence[int], n_pairs: int, n_rare: int,
+                    n_blocks: int, n_grad: int, loss: str, p_learned: float = 0.99) -> pd.DataFrame:
+    """Theorem 2 at the start of in-context learning: for each (f_r, f_v) and sample seed, the
+    in-context gradient of the 2-layer model at alpha = beta = gamma = 0 with delta at its learned
+    value (`learned_delta`) over the same with delta = 0 (no in-weights circuit)."""
+    rows = []
+    for fr, fv in grid:
+        task = recall_task(n_pairs, n_blocks, f_v=fv, f_r=fr, n_rare=n_rare)
+        layout = imir.Layout.from_task(task)
+        basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+        model = imir.IMIRConfig.with_directions(layout, imir.two_layer_directions(basis)).build(0).double()
+        d = learned_delta(model, task, loss, p_learned)
+        for seed in seeds:
+            g0 = icl_gradient(model, task, n_grad, seed=seed, loss=loss)
+            g1 = icl_gradient(with_direction(model, "delta", d), task, n_grad, seed=seed, loss=loss)
+            rows.append({"f_r": fr, "f_v": fv, "seed": seed, "loss": loss, "theory": float(theory_factor(fr, fv)),
+                         "measured": g1 / g0, "delta_learned": d})
+    return pd.DataFrame(rows)
+
+
+def relative_error(measured, theory) -> np.ndarray:
+    return np.abs(np.asarray(measured, float) / np.asarray(theory, float) - 1)
+
+
+def emergence_table(run: Run, members: Sequence[tuple], columns: Sequence[str], column: str,
+                    threshold: float) -> pd.DataFrame:
+    """Per member of a sweep: its grid point (named by `columns`), seed and the step at which
+    `column` first reaches `threshold`."""
+    cross = crossing_steps(run.metrics(), column, threshold)
+    return pd.DataFrame([{**dict(zip(columns, point)), "seed": seed, "emergence_step": float(cross.get(k, np.nan))}
+                         for k, (point, seed, _) in enumerate(members)])
+
+
+def train_burstiness_sweep(n_pairs: int, n_blocks: int, bursts: Sequence[int], seeds: Sequence[int], steps: int,
+                           lr: float, batch: int, eval_every: int, pool_size: int, f_v: float = 1.0,
+                           name: str = "inductive_manifold/im4") -> tuple[Run, list[tuple]]:
+    """One ensemble over burstiness b x seeds (restricted 2-layer model, zero init, pure in-context task)."""
+    members = sweep_members([(b,) for b in bursts], seeds)
+    tasks = [recall_task(n_pairs, n_blocks, f_v=f_v, burstiness=b) for (b,), _, _ in members]
+    layout = imir.Layout.from_task(tasks[0])
+    basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+    dirs = imir.two_layer_directions(basis)
+    pools = recall_pools(recall_task(n_pairs, n_blocks, f_v=f_v, burstiness=1), pool_size)
+    probe = Probe(basis, dirs, {"icl": pools["icl"]})
+    tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(m[2] for m in members), lr=lr, optimizer="sgd",
+                     eval_every=eval_every, log_checkpoints=0)
+    return train(name, imir.IMIRConfig.with_directions(layout, dirs), tasks, tc, evaluate=probe), members
+
+
+def burstiness_table(run: Run, members: Sequence[tuple], n_pairs: int, n_blocks: int, n_grad: int,
+                     acc_threshold: float, f_v: float = 1.0, loss: str = "ce") -> pd.DataFrame:
+    """Per member: the in-context gradient at step 0 (zero init; only gamma moves there) and the step at
+    which in-context accuracy (b = 1 pool) reaches acc_threshold."""
+    metrics = run.metrics()
+    cross = crossing_steps(metrics, "acc_icl", acc_threshold)
+    rows = []
+    for k, ((b,), seed, _) in enumerate(members):
+        task = recall_task(n_pairs, n_blocks, f_v=f_v, burstiness=b)
+        model = run.model(k, 0).double()
+        rows.append({"b": b, "seed": seed, "icl_gradient": icl_gradient(model, task, n_grad, seed=k, loss=loss),
+                     "emergence_step": float(cross.get(k, np.nan))})
+    return pd.DataFrame(rows)
+
+
+def proportional_fit(x, y) -> dict:
+    """y = c x through the origin: c and R^2 = 1 - SS_res / SS_tot (SS_tot about the mean of y)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    c = float((x * y).sum() / (x * x).sum())
+    ss_res = float(((y - c * x) ** 2).sum())
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    return {"c": c, "r2": 1 - ss_res / ss_tot if ss_tot > 0 else float("nan")}
+
+
+def unit_coordinates(basis: imir.IMIRBasis, params: Mapping[str, torch.Tensor]) -> pd.Series:
+    """Every coordinate of the projection on S in units of its unit basis element (theta * ||element||)."""
+    theta = basis.coordinates(params) * basis.coordinate_norms()
+    return pd.Series(theta.numpy(), index=basis.coordinate_names())
+
+
+def captured_fraction(basis: imir.IMIRBasis, params: Mapping[str, torch.Tensor],
+                      directions: Mapping[str, Mapping[str, float]]) -> float:
+    """Share of ||proj_S W||^2 on the named (mutually orthogonal) directions."""
+    inside = basis.project(params)
+    total = sum(w.pow(2).sum().item() for w in inside.values())
+    on = sum(basis.direction_value(params, d) ** 2 for d in directions.values())
+    return on / total if total > 0 else float("nan")
+
+
+def largest_other_coordinates(basis: imir.IMIRBasis, params: Mapping[str, torch.Tensor],
+                              directions: Mapping[str, Mapping[str, float]], top: int) -> pd.DataFrame:
+    """The `top` largest coordinates (unit elements) that belong to none of the named directions."""
+    coords = unit_coordinates(basis, params)
+    named = {c for d in directions.values() for c in d}
+    other = coords[[n for n in coords.index if n not in named]]
+    order = other.abs().sort_values(ascending=False).index[:top]
+    return pd.DataFrame({"coordinate": order, "value (unit element)": other[order].to_numpy()})
+
+
+# -------------------------------------------------------------------- a standard transformer
+
+class ProgressProbe:
+    """evaluate(ens, step): alpha~, beta~, gamma~ of each member (standard 2-layer ToyTransformer) and pool accuracy."""
+
+    def __init__(self, pools: Mapping[str, Batch], token_ids: Sequence[int]):
+        self.pools, self.token_ids = dict(pools), list(token_ids)
+
+    def spec(self) -> dict:
+        return {"progress_probe": self.token_ids,
+                "pools": {k: _tensor_digest(b.tokens, b.labels) for k, b in self.pools.items()}}
+
+    @torch.no_grad()
+    def __call__(self, ens, step: int) -> dict:
+        out = {}
+        for name, pool in self.pools.items():
+            logits = ens.logits(pool.tokens, last_only=True)[:, :, -1]
+            out[f"acc_{name}"] = (logits.argmax(-1) == pool.labels).float().mean(-1)
+        vals = [imir.progress_measures(ens.member(k), self.token_ids) for k in range(ens.n_members)]
+        for key in ("alpha", "beta", "gamma"):
+            out[f"{key}_tilde"] = torch.tensor([v[key] for v in vals])
+        return out
+
+
+def train_standard(n_pairs: int, n_blocks: int, f_v: float, d_model: int, seeds: Sequence[int], steps: int, lr: float,
+                   batch: int, eval_every: int, pool_size: int, name: str = "inductive_manifold/standard") -> Run:
+    """A standard 2-layer, 1-head attention-only ToyTransformer (learned absolute positions, separate
+    W_Q and W_K, random init, AdamW) on associative recall with plain token ids."""
+    from ..models.toy import ToyConfig
+
+    task = BlockListTask("recall", n_pairs=n_pairs, n_blocks=n_blocks, f_v=f_v, bos=True, offsets="fixed",
+                         input_ids="tokens")
+    cfg = ToyConfig(d_vocab=task.vocab_size, n_ctx=task.seq_len, d_model=d_model, n_layers=2, n_heads=1, mlp=False,
+                    d_mlp=0, bias=False, normalization=None, positional="learned")
+    pools = recall_pools(task, pool_size)
+    probe = ProgressProbe({"icl": pools["icl"]}, list(range(task.n_common)))
+    tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(seeds), lr=lr, eval_every=eval_every,
+                     log_checkpoints=0)
+    return train(name, cfg, task, tc, evaluate=probe)
+
+
+# =============================================================================== 04 initialisation picks the winner (IM-5)
+
+def three_layer_directions(basis: imir.IMIRBasis, head: int = 0) -> dict[str, dict[str, float]]:
+    """The directions of the three induction circuits a 3-layer, 1-head model can form:
+    previous-token in layer a (alpha_a), match in layer b through the layer-a head (beta_ab),
+    copy from the layer-b head (gamma_b)."""
+    if basis.n_layers != 3:
+        raise ValueError(f"three_layer_directions: the basis has {basis.n_layers} layers; expected 3")
+    ids = ["I"] + (["I_rare"] if "I_rare" in basis.sel_names else [])
+    h = head
+    return {"alpha1": {f"L1H{h}|emb|emb|pos1": 1.0},
+            "alpha2": {f"L2H{h}|emb|emb|pos1": 1.0},
+            "beta12": {f"L2H{h}|emb|L1H{h}|{s}": 1.0 for s in ids},
+            "beta13": {f"L3H{h}|emb|L1H{h}|{s}": 1.0 for s in ids},
+            "beta23": {f"L3H{h}|emb|L2H{h}|{s}": 1.0 for s in ids},
+            "gamma2": {f"U|L2H{h}|{s}": 1.0 for s in ids},
+            "gamma3": {f"U|L3H{h}|{s}": 1.0 for s in ids}}
+
+
+CIRCUITS = {"1->2": ("alpha1", "beta12", "gamma2"), "1->3": ("alpha1", "beta13", "gamma3"),
+            "2->3": ("alpha2", "beta23", "gamma3")}
+
+
+class InitTable:
+    """init_fn(model, seed) that sets an IMIRModel's phi from a table {member seed: {direction: value}}."""
+
+    def __init__(self, table: Mapping[int, Mapping[str, float]]):
+        self.table = {int(k): {d: float(v) for d, v in row.items()} for k, row in table.items()}
+
+    def spec(self) -> dict:
+        blob = repr(sorted((k, sorted(v.items())) for k, v in self.table.items())).encode()
+        return {"init_table": hashlib.sha256(blob).hexdigest()[:16], "members": len(self.table)}
+
+    @torch.no_grad()
+    def __call__(self, model, seed: int) -> None:
+        if int(seed) not in self.table:
+            raise ValueError(f"InitTable: no initial values for member seed {seed}")
+        model.phi.zero_()
+        for name, value in self.table[int(seed)].items():
+            model.phi[model.direction_names.index(name)] = value
+
+
+def init_design(grid: Sequence[float], base: float, jitter: float, seed: int = 0) -> pd.DataFrame:
+    """Initial coordinates: alpha1(0) x alpha2(0) on `grid` x `grid`; every other direction at
+    base * exp(U(-jitter, jitter)), drawn per member (so the logistic fit can tell whether they matter)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for a1 in grid:
+        for a2 in grid:
+            row = {"alpha1": float(a1), "alpha2": float(a2)}
+            for d in ("beta12", "beta13", "beta23", "gamma2", "gamma3"):
+                row[d] = float(base * math.exp(rng.uniform(-jitter, jitter)))
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    df.insert(0, "member_seed", np.arange(len(df)))
+    return df
+
+
+def train_init_ensemble(task: BlockListTask, design: pd.DataFrame, steps: int, lr: float, batch: int, eval_every: int,
+                        pool_size: int, name: str = "inductive_manifold/im5") -> Run:
+    """One ensemble: the 3-layer model restricted to the seven circuit directions, each member started
+    at its row of `design`, trained by plain SGD on the same task."""
+    layout = imir.Layout.from_task(task)
+    basis = imir.IMIRBasis.concatenated(layout, 3, 1)
+    dirs = three_layer_directions(basis)
+    table = {int(r.member_seed): {d: getattr(r, d) for d in dirs} for r in design.itertuples()}
+    pools = recall_pools(task, pool_size)
+    probe = Probe(basis, dirs, {"icl": pools["icl"]})
+    tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(int(s) for s in design.member_seed), lr=lr,
+                     optimizer="sgd", eval_every=eval_every, log_checkpoints=0)
+    return train(name, imir.IMIRConfig.with_directions(layout, dirs, n_layers=3), task, tc, evaluate=probe,
+                 init_fn=InitTable(table))
+
+
+@torch.no_grad()
+def circuit_accuracy(model: imir.IMIRModel, pool: Batch, keep: Sequence[str]) -> float:
+    """Accuracy with every direction outside `keep` set to zero."""
+    m = with_direction(model, model.direction_names[0], float(model.phi[0]))
+    for i, name in enumerate(m.direction_names):
+        if name not in keep:
+            m.phi[i] = 0.0
+    pred = m(pool.tokens, last_only=True)[:, -1].argmax(-1)
+    return float((pred == pool.labels).float().mean())
+
+
+def winners(run: Run, pool: Batch, min_acc: float, margin: float) -> pd.DataFrame:
+    """Per member: the accuracy of each circuit alone at the end of training and the winner (the best
+    circuit, if it reaches min_acc and beats the runner-up by `margin`; else 'none' or 'mixed')."""
+    rows = []
+    for k in range(run.n_members):
+        model = run.model(k)
+        accs = {c: circuit_accuracy(model, pool, dirs) for c, dirs in CIRCUITS.items()}
+        order = sorted(accs, key=accs.get, reverse=True)
+        best, second = order[0], order[1]
+        if accs[best] < min_acc:
+            winner = "none"
+        elif accs[best] - accs[second] < margin:
+            winner = "mixed"
+        else:
+            winner = best
+        rows.append({"member_seed": run.train_config.seeds[k], **{f"acc {c}": a for c, a in accs.items()},
+                     "winner": winner, **{f"final {d}": float(model.phi[i]) for i, d in enumerate(model.direction_names)}})
+    return pd.DataFrame(rows)
+
+
+def _softmax_regression(X: np.ndarray, y: np.ndarray, n_classes: int, l2: float) -> np.ndarray:
+    from scipy.optimize import minimize
+
+    n, p = X.shape
+    Xb = np.hstack([X, np.ones((n, 1))])
+    Y = np.eye(n_classes)[y]
+
+    def loss(w):
+        W = w.reshape(p + 1, n_classes)
+        Z = Xb @ W
+        Z -= Z.max(1, keepdims=True)
+        logp = Z - np.log(np.exp(Z).sum(1, keepdims=True))
+        P = np.exp(logp)
+        reg = 0.5 * l2 * (W[:-1] ** 2).sum()
+        grad = Xb.T @ (P - Y) / n
+        grad[:-1] += l2 * W[:-1]
+        return -(Y * logp).sum() / n + reg, grad.ravel()
+
+    res = minimize(loss, np.zeros((p + 1) * n_classes), jac=True, method="L-BFGS-B")
+    return res.x.reshape(p + 1, n_classes)
+
+
+def logistic_fit(features: np.ndarray, labels: Sequence[str], folds: int = 5, l2: float = 1e-3,
+                 seed: int = 0) -> dict:
+    """Multinomial logistic regression of `labels` on standardised `features`: k-fold cross-validated
+    accuracy, and the in-sample accuracy of the fit on all points."""
+    X = np.asarray(features, float)
+    X = (X - X.mean(0)) / np.where(X.std(0) > 0, X.std(0), 1.0)
+    classes = sorted(set(labels))
+    y = np.array([classes.index(c) for c in labels])
+    if len(classes) < 2:
+        return {"cv_accuracy": 1.0, "train_accuracy": 1.0, "classes": classes}
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(y))
+    correct = 0
+    for f in range(folds):
+        test = order[f::folds]
+        train_idx = np.setdiff1d(order, test)
+        W = _softmax_regression(X[train_idx], y[train_idx], len(classes), l2)
+        pred = (np.hstack([X[test], np.ones((len(test), 1))]) @ W).argmax(1)
+        correct += int((pred == y[test]).sum())
+    W = _softmax_regression(X, y, len(classes), l2)
+    train_acc = float(((np.hstack([X, np.ones((len(y), 1))]) @ W).argmax(1) == y).mean())
+    return {"cv_accuracy": correct / len(y), "train_accuracy": train_acc, "classes": classes}
+
+
+def own_sizes(design: pd.DataFrame) -> pd.DataFrame:
+    """log of each circuit's own initial size ||(alpha, beta, gamma)(0)||."""
+    return pd.DataFrame({c: np.log(np.sqrt(sum(design[d] ** 2 for d in dirs))) for c, dirs in CIRCUITS.items()})
+
+
+# =============================================================================== 05 automated circuit detection (IM-6)
+
+def two_hop_task(n_pairs: int, n_blocks: int) -> BlockListTask:
+    return BlockListTask("khop", hops=2, n_pairs=n_pairs, n_blocks=n_blocks, f_v=1.0, bos=True)
+
+
+def train_two_hop(task: BlockListTask, n_layers: int, mode: str, seeds: Sequence[int], steps: int, lr: float,
+                  batch: int, eval_every: int, pool_size: int, optimizer: str = "sgd", init_std: float = 0.0,
+                  name: str = "inductive_manifold/im6") -> Run:
+    """The 2-hop model: mode 'imir' trains every coordinate of S (an IMIRModel, cheap), mode 'full'
+    every entry of W_QK and W_U of the theory's ToyTransformer (projected on S afterwards)."""
+    if mode not in ("imir", "full"):
+        raise ValueError(f"train_two_hop: mode={mode!r}; expected 'imir' or 'full'")
+    layout = imir.Layout.from_task(task)
+    pools = recall_pools(task, pool_size)
+    tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(seeds), lr=lr, optimizer=optimizer,
+                     eval_every=eval_every, log_checkpoints=4)
+    evaluate = _AccuracyProbe({"task": pools["task"]})
+    if mode == "imir":
+        cfg = imir.IMIRConfig(layout.token_classes, layout.association, layout.seq_len, n_layers=n_layers,
+                              init_std=init_std)
+        return train(f"{name}/imir", cfg, task, tc, evaluate=evaluate)
+    return train(f"{name}/full", imir.theory_config(layout, n_layers, 1, init_std=init_std), task, tc,
+                 evaluate=evaluate, init_fn=imir.TheoryInit(layout))
+
+
+class _AccuracyProbe:
+    def __init__(self, pools: Mapping[str, Batch]):
+        self.pools = dict(pools)
+
+    def spec(self) -> dict:
+        return {"accuracy_probe": {k: _tensor_digest(b.tokens, b.labels) for k, b in self.pools.items()}}
+
+    @torch.no_grad()
+    def __call__(self, ens, step: int) -> dict:
+        out = {}
+        for name, pool in self.pools.items():
+            logits = ens.logits(pool.tokens, last_only=True)[:, :, -1].float()
+            out[f"acc_{name}"] = (logits.argmax(-1) == pool.labels).float().mean(-1)
+            logp = logits.log_softmax(-1)
+            out[f"loss_{name}"] = -logp.gather(-1, pool.labels.expand(logits.shape[0], -1)[..., None]).squeeze(-1).mean(-1)
+        return out
+
+
+def coordinates_of(run: Run, member: int, layout: imir.Layout) -> torch.Tensor:
+    """Flat IMIR coordinates of a trained member (the projection on S for a full model)."""
+    model = run.model(member)
+    if isinstance(model, imir.IMIRModel):
+        return model.theta().detach().double()
+    return imir.IMIRBasis.from_model(model, layout).coordinates(dict(model.named_parameters()))
+
+
+class CoordinateEvaluator:
+    """Held-out loss and accuracy of the theory's model at given flat IMIR coordinates (float64)."""
+
+    def __init__(self, layout: imir.Layout, n_layers: int, pool: Batch):
+        cfg = imir.IMIRConfig(layout.token_classes, layout.association, layout.seq_len, n_layers=n_layers)
+        self.model = cfg.build(seed=None).double()
+        self.scale = 1.0 / self.model.directions.double()  # phi = theta * ||basis element||
+        self.pool = pool
+
+    @torch.no_grad()
+    def __call__(self, theta: torch.Tensor) -> tuple[float, float]:
+        self.model.phi.copy_(theta.double() * self.scale)
+        logits = self.model(self.pool.tokens, last_only=True)[:, -1]
+        logp = logits.log_softmax(-1)
+        loss = float(-logp.gather(-1, self.pool.labels[:, None]).mean())
+        acc = float((logits.argmax(-1) == self.pool.labels).double().mean())
+        return loss, acc
+
+    def gradient(self, theta: torch.Tensor) -> torch.Tensor:
+        """d loss / d theta at theta (for ranking removals to first order)."""
+        th = theta.double().clone().requires_grad_(True)
+        with torch.enable_grad():
+            logits = _forward_with_phi(self.model, th * self.scale, self.pool.tokens)
+            loss = -logits.log_softmax(-1).gather(-1, self.pool.labels[:, None]).mean()
+            (g,) = torch.autograd.grad(loss, th)
+        return g.detach()
+
+
+def _forward_with_phi(model: imir.IMIRModel, phi: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    from torch.func import functional_call
+
+    params = {"phi": phi}
+    buffers = dict(model.named_buffers())
+    return functional_call(model, (params, buffers), (tokens,), {"last_only": True})[:, -1]
+
+
+def backward_elimination(evaluator: CoordinateEvaluator, theta: torch.Tensor, tau: float, screen: int = 16,
+                         progress: Callable | None = None) -> dict:
+    """Algorithm 1: repeatedly zero the coordinate whose removal raises held-out loss least; stop
+    when the cheapest removal would take the loss more than `tau` above the full model's.
+
+    Exact search over every coordinate is quadratic; candidates are screened first: the `screen`
+    coordinates with the smallest first-order estimate |theta_k dL/dtheta_k| of their removal cost
+    (plus every coordinate that is exactly zero) are evaluated exactly each round, and long runs of
+    removals that keep the loss within budget are taken in chunks (doubling while they succeed,
+    halving back to single removals when they do not). Returns the surviving mask, the elimination
+    order and the loss along it.
+    """
+    theta = theta.double().clone()
+    alive = theta != 0
+    base_loss, base_acc = evaluator(theta)
+    budget = base_loss + tau
+    history = [{"removed": None, "n_alive": int(alive.sum()), "loss": base_loss, "acc": base_acc}]
+    chunk = 1
+    while alive.sum() > 0:
+        current = theta * alive
+        g = evaluator.gradient(current)
+        cost = (current * g).abs() + 0.5 * current.pow(2)  # first-order estimate plus a small size term
+        cost[~alive] = float("inf")
+        order = torch.argsort(cost)
+        n_alive = int(alive.sum())
+        if chunk > 1:
+            idx = order[:min(chunk, n_alive)]
+            trial = alive.clone()
+            trial[idx] = False
+            loss, acc = evaluator(theta * trial)
+            if loss <= budget:
+                alive = trial
+                history.append({"removed": [int(i) for i in idx], "n_alive": int(alive.sum()), "loss": loss, "acc": acc})
+                chunk *= 2
+                continue
+            chunk = max(1, chunk // 4)
+            continue
+        best = None
+        for i in order[:min(screen, n_alive)]:
+            trial = alive.clone()
+            trial[i] = False
+            loss, acc = evaluator(theta * trial)
+            if best is None or loss < best[1]:
+                best = (int(i), loss, acc)
+        if best is None or best[1] > budget:
+            break
+        alive[best[0]] = False
+        history.append({"removed": [best[0]], "n_alive": int(alive.sum()), "loss": best[1], "acc": best[2]})
+        chunk = 2
+        if progress is not None:
+            progress(int(alive.sum()))
+    final_loss, final_acc = evaluator(theta * alive)
+    return {"alive": alive, "theta": theta, "history": pd.DataFrame(history), "base_loss": base_loss,
+            "base_acc": base_acc, "loss": final_loss, "acc": final_acc, "budget": budget}
+
+
+def survivors_table(result: dict, names: Sequence[str]) -> pd.DataFrame:
+    alive, theta = result["alive"], result["theta"]
+    idx = torch.nonzero(alive).squeeze(1).tolist()
+    rows = [] if idx else pd.DataFrame(columns=["coordinate", "kind", "value", "aiding"])
+    for i in idx:
+        name = names[i]
+        kind = "readout" if name.startswith("U|") else "key-query"
+        rows.append({"coordinate": name, "kind": kind, "value": float(theta[i]),
+                     "aiding": kind == "key-query" and float(theta[i]) < 0})
+    return pd.DataFrame(rows) if idx else rows
+
+
+def aiding_split(evaluator: CoordinateEvaluator, result: dict, names: Sequence[str]) -> dict:
+    """Accuracy of the surviving circuit with and without its aiding directions: the key-query
+    coordinates with negative values (they lower attention scores: suppress attention)."""
+    alive, theta = result["alive"], result["theta"]
+    aiding = torch.tensor([n.startswith("L") and float(t) < 0 for n, t in zip(names, theta)]) & alive
+    with_loss, with_acc = evaluator(theta * alive)
+    without_loss, without_acc = evaluator(theta * (alive & ~aiding))
+    return {"acc_with": with_acc, "acc_without": without_acc, "loss_with": with_loss, "loss_without": without_loss,
+            "n_aiding": int(aiding.sum()), "n_core": int((alive & ~aiding).sum())}
+
+
+def finds_two_hop_circuit(names_alive: Sequence[str]) -> bool:
+    """Does the set of surviving coordinates contain a complete 2-hop induction path?
+
+    a previous-token coordinate (pos1) in some layer a, a first hop in a layer b > a matching the
+    query's token (I) against a key path through layer a, a second hop in a layer c > b whose query
+    path goes through layer b, matching (I) against a key path through a previous-token layer, and
+    a readout copy (I) from a path ending in layer c.
+    """
+    def heads(path: str) -> list[int]:
+        return [] if path == "emb" else [int(p[1:].split("H")[0]) for p in path.split(">")]
+
+    prev = {int(n.split("|")[0][1:].split("H")[0]) for n in names_alive
+            if n.startswith("L") and n.endswith("|pos1") and n.split("|")[1] == "emb" and n.split("|")[2] == "emb"}
+    qk = [n.split("|") for n in names_alive if n.startswith("L") and n.split("|")[3] in ("I", "I_rare")]
+    readout = [n.split("|") for n in names_alive if n.startswith("U|") and n.split("|")[2] in ("I", "I_rare")]
+    for a in prev:
+        for lb, qb, kb, _ in qk:
+            b = int(lb[1:].split("H")[0])
+            if b <= a or qb != "emb" or a not in heads(kb):
+                continue
+            for lc, qc, kc, _ in qk:
+                c = int(lc[1:].split("H")[0])
+                if c <= b or b not in heads(qc) or not (set(heads(kc)) & prev):
+                    continue
+                if any(heads(p) and heads(p)[-1] == c for _, p, _ in readout):
+                    return True
+    return False
+
+
+def circuit_graph(table: pd.DataFrame, n_layers: int):
+    """A networkx DiGraph of the surviving circuit: nodes 'emb', 'L{l}H{h}', 'out'; an edge from the
+    last head of each key and query path into the head whose coordinate survived (labelled with the
+    selection and the side), and from the last head of each readout path to 'out'."""
+    import networkx as nx
+
+    G = nx.DiGraph()
+    G.add_node("emb", layer=0)
+    for l in range(1, n_layers + 1):
+        G.add_node(f"L{l}H0", layer=l)
+    G.add_node("out", layer=n_layers + 1)
+
+    def last(path: str) -> str:
+        return "emb" if path == "emb" else path.split(">")[-1]
+
+    for r in table.itertuples():
+        parts = r.coordinate.split("|")
+        if parts[0] == "U":
+            G.add_edge(last(parts[1]), "out", label=parts[2], aiding=False)
+            continue
+        head, q, k, sel = parts
+        for side, path in (("q", q), ("k", k)):
+            src = last(path)
+            labels = G.edges[src, head]["label"] + f", {side}:{sel}" if G.has_edge(src, head) else f"{side}:{sel}"
+            G.add_edge(src, head, label=labels, aiding=bool(r.aiding) or G.edges[src, head].get("aiding", False)
+                       if G.has_edge(src, head) else bool(r.aiding))
+    return G
