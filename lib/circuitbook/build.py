@@ -283,6 +283,8 @@ def stage(profile: str) -> Path:
         target = src / name
         if target.is_dir():
             shutil.rmtree(target)
+        if not (root / name).exists():
+            continue  # an optional source (e.g. _static) this book does not have
         if (root / name).is_dir():
             shutil.copytree(root / name, target, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
         else:

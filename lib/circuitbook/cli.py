@@ -69,6 +69,10 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="re-execute notebooks even if their inputs are unchanged")
     b.add_argument("--keep-going", action="store_true",
                    help="render the book even if a notebook fails (the failure is shown on its page); exit 1")
+    b.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS", help=RAY_HELP)
+    b.add_argument("--plan", action="store_true",
+                   help="train nothing: print every notebook's runs at the profile (parameters, FLOPs, time on this "
+                        "device from a short calibration) and the resources each notebook asks for")
 
     r = sub.add_parser("run", help="execute one notebook with parameter overrides",
                        description="Execute one notebook with papermill; print the executed notebook's path. "
@@ -80,6 +84,9 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--label", default=None, help="name the results label of a run with overrides "
                                                  "(PROFILE+LABEL; default PROFILE+<hash of the overrides>)")
     r.add_argument("--force", action="store_true", help="execute even if a verified cached execution exists")
+    r.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
+                   help="execute here, training the chunks of this notebook's runs on the Ray cluster at ADDRESS too "
+                        "(no ADDRESS: the cluster started on this machine, else a local one)")
 
     q = sub.add_parser("params", help="list parameters, their values per profile, types and ranges",
                        description="List every parameter of the book, a chapter or a notebook with its value at "
@@ -97,9 +104,21 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+RAY_HELP = ("execute notebooks whose inputs are ready concurrently as Ray tasks on the cluster at ADDRESS "
+            "(HOST:PORT of `ray start --head`; no ADDRESS: $RAY_ADDRESS, the cluster started on this machine, else "
+            "a local one), each asking for the resources its profiles.yml declares; split sweeps train there too")
+
+
 def cmd_build(a) -> int:
     profile = a.profile or default_profile()
-    build_mod.build(profile, a.chapter, force=a.force, keep_going=a.keep_going)
+    if a.plan:
+        from . import plan
+
+        if a.ray:
+            raise params.ParameterError("--plan trains nothing; it takes no --ray")
+        plan.print_plan(profile, a.chapter)
+        return 0
+    build_mod.build(profile, a.chapter, force=a.force, keep_going=a.keep_going, ray=a.ray)
     return 0
 
 
@@ -110,7 +129,7 @@ def cmd_run(a) -> int:
             raise params.ParameterError(f"-p {name} is given twice")
         overrides[name] = _parse_value(value)
     out, label = build_mod.run_one(a.notebook, a.profile or default_profile(), overrides, label=a.label,
-                                   force=a.force)
+                                   force=a.force, ray=a.ray)
     print(f"results label: {label}")
     print(out)
     return 0

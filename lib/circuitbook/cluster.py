@@ -84,7 +84,8 @@ def connect(address: str | None = None) -> str:
         ray.init(**kwargs)  # no cluster on this machine: a local one (a laptop)
     except Exception as e:  # noqa: BLE001 - Ray raises many kinds; one line says which
         raise ClusterError(f"cannot join the Ray cluster at {address}: {type(e).__name__}: {e}") from None
-    return ray.get_runtime_context().gcs_address
+    # kernels and tasks join by the address the user gave (e.g. loopback); found ones by Ray's own
+    return address if address not in ("auto",) else ray.get_runtime_context().gcs_address
 
 
 def _join_from_env():

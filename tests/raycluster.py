@@ -1,0 +1,106 @@
+"""A two-node Ray cluster on this machine for tests: loopback, one CPU per node, small object store.
+
+Every process it starts is found by its session folder (a fresh temp dir) or as a descendant of one,
+and is ended by pid: nothing else running Ray on the machine is touched.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RAY = str(Path(sys.executable).parent / "ray")
+NODE = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--object-store-memory=80000000", "--disable-usage-stats"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                out[int(d.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmd)
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _with_descendants(roots: set[int], procs: dict) -> set[int]:
+    found, grew = set(roots), True
+    while grew:
+        grew = False
+        for pid, (ppid, _) in procs.items():
+            if ppid in found and pid not in found:
+                found.add(pid)
+                grew = True
+    return found
+
+
+class LocalCluster:
+    def __init__(self):
+        self.temp = tempfile.mkdtemp(prefix="cbray", dir="/tmp")  # short: Ray's socket paths must fit
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_health_check_period_ms": "1000",
+                    "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "1000"}
+
+    def start(self) -> "LocalCluster":
+        try:
+            subprocess.run([RAY, "start", "--head", f"--port={self.port}", "--include-dashboard=false",
+                            f"--temp-dir={self.temp}", *NODE], env=self.env, check=True, timeout=300,
+                           capture_output=True)
+            subprocess.run([RAY, "start", f"--address={self.address}", *NODE, '--resources={"cb_worker_node": 1}'],
+                           env=self.env, check=True, timeout=300, capture_output=True)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _mine(self) -> set[int]:
+        procs = _processes()
+        roots = {pid for pid, (_, cmd) in procs.items() if self.temp in cmd and pid != os.getpid()}
+        return _with_descendants(roots, procs) - {os.getpid()}
+
+    def worker_node_pids(self) -> set[int]:
+        """The second node's raylet (its socket is raylet.1) and everything under it (its workers)."""
+        procs = _processes()
+        roots = {pid for pid, (_, cmd) in procs.items() if self.temp in cmd and "sockets/raylet.1" in cmd
+                 and "/raylet/raylet" in cmd}
+        return _with_descendants(roots, procs)
+
+    def kill_worker_node(self) -> set[int]:
+        pids = self.worker_node_pids()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pids
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL, every process of this cluster (found before any dies, so that orphans
+        re-parented to init are still known)."""
+        pids = self._mine()
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
+            pids |= self._mine()
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.time() + wait
+            while time.time() < deadline and any(Path(f"/proc/{pid}").exists() for pid in pids):
+                time.sleep(0.2)

@@ -1,0 +1,181 @@
+"""The book on a real two-node Ray cluster started on this machine (no mocks).
+
+`ray start --head` and a second `ray start --address` with one CPU each, loopback only, a small
+object store, stopped at the end by pid. A build through it records the same results as a local
+build; killing the worker node's processes (SIGKILL) while a split sweep is running still ends in a
+complete build, each part trained to the end once, and no partial run published.
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from circuitbook import runs
+from circuitbook.train import events
+
+ray = pytest.importorskip("ray")
+from minibook import notebook, write  # noqa: E402
+from raycluster import LocalCluster  # noqa: E402
+
+SWEEP = '''from circuitbook.experiments.assign_add import MemberPoolAccuracy
+from circuitbook.tasks.modular import ModularAddition
+tasks = [ModularAddition(p=23, train_fraction=0.5, split_seed=s) for s in range(4)]
+model = cb.ToyConfig(d_vocab=24, n_ctx=3, d_model=32, n_layers=1, n_heads=2, d_mlp=64, d_vocab_out=23)
+tc = cb.TrainConfig(steps=int(cfg.steps), batch_size=64, seeds=(0, 1, 2, 3), lr=3e-3,
+                    weight_decay=(0.1, 0.3, 1.0, 3.0), eval_every=20, checkpoint_every=20, log_checkpoints=2)
+run = cb.train("demo/sweep", model, tasks, tc, evaluate=MemberPoolAccuracy({"test": [t.test for t in tasks]}))
+last = run.metrics().query("step == step.max()").sort_values("member")
+cb.record("sweep_loss", last.train_loss.tolist(), run=run)
+cb.record("sweep_acc", last.acc_test.tolist(), run=run)
+print("parts", run.manifest.get("parts"))'''
+
+
+def ray_book(root: Path, steps: int) -> Path:
+    """The mini book plus a notebook that trains a 4-member sweep."""
+    write(root)
+    toc = root / "_toc.yml"
+    toc.write_text(toc.read_text() + "      - file: chapters/demo/03_sweep\n")
+    prof = root / "chapters" / "demo" / "profiles.yml"
+    prof.write_text(prof.read_text().replace("  fail: {type: bool, help: raise an error}\n",
+                                             "  fail: {type: bool, help: raise an error}\n"
+                                             "  steps: {type: int, min: 1, help: sweep steps}\n")
+                    .replace("defaults: {value: 1.0, fail: false}", f"defaults: {{value: 1.0, fail: false, steps: {steps}}}")
+                    + "  03_sweep:\n    resources: {num_cpus: 1}\n")
+    nbformat.write(notebook("demo", "03_sweep", SWEEP), root / "chapters" / "demo" / "03_sweep.ipynb")
+    return root
+
+
+def build(root: Path, store: Path, *extra, chunk="2", background=False):
+    env = {**os.environ, "CIRCUITBOOK_ROOT": str(root), "CIRCUITBOOK_RUNS": str(store), "CIRCUITBOOK_CHUNK": chunk,
+           "CIRCUITBOOK_PROGRESS": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    cmd = [sys.executable, "-m", "circuitbook.cli", "build", "--profile", "smoke", *extra]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc if background else _finish(proc)
+
+
+def _finish(proc, timeout=900):
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def values(store: Path) -> dict:
+    out = {}
+    for f in sorted((store / "results" / "smoke").rglob("*.json")):
+        data = json.loads(f.read_text())
+        assert data["status"] == "ok", (f, data.get("error"))
+        out[f"{data['chapter']}/{data['notebook']}"] = {k: v["value"] for k, v in data["values"].items()}
+    return out
+
+
+def assert_same_values(a: dict, b: dict, tol=1e-5):
+    assert a.keys() == b.keys()
+    for nb in a:
+        assert a[nb].keys() == b[nb].keys(), nb
+        for key, va in a[nb].items():
+            vb = b[nb][key]
+            if isinstance(va, list):
+                assert len(va) == len(vb) and all(abs(x - y) <= tol for x, y in zip(va, vb)), (nb, key, va, vb)
+            else:
+                assert va == vb, (nb, key, va, vb)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster().start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.mark.slow
+def test_a_build_through_two_nodes_records_what_a_local_build_records(cluster, tmp_path):
+    root = ray_book(tmp_path / "book", steps=60)
+    code, out = build(root, tmp_path / "local")
+    assert code == 0, out
+    code, out = build(root, tmp_path / "ray", "--ray", cluster.address)
+    assert code == 0, out
+    assert f"Ray cluster at {cluster.address}" in out
+    assert "executing as a Ray task (num_cpus=1)" in out
+    assert_same_values(values(tmp_path / "local"), values(tmp_path / "ray"))
+    html = tmp_path / "book" / "_build" / "smoke" / "html" / "chapters" / "demo" / "03_sweep.html"
+    assert html.exists() and "parts [[0, 2], [2, 4]]" in html.read_text()
+    # the cache rules hold: a second Ray build executes nothing
+    code, out = build(root, tmp_path / "ray", "--ray", cluster.address)
+    assert code == 0 and "(3 cached)" in out and "executing" not in out, out
+
+
+@pytest.mark.slow
+def test_killing_a_worker_node_mid_sweep_still_completes_the_same_build(cluster, tmp_path):
+    root = ray_book(tmp_path / "book", steps=400)
+    code, out = build(root, tmp_path / "local", chunk="1")
+    assert code == 0, out
+    store = tmp_path / "ray"
+    proc = build(root, store, "--ray", cluster.address, chunk="1", background=True)
+    killed, premature = set(), []
+
+    def watch():
+        worker = cluster.worker_node_pids()
+        deadline = time.time() + 600
+        while proc.poll() is None and time.time() < deadline:
+            # a part held (trained) by a process of the worker node, past its first checkpoints
+            for lock in store.glob(".locks/demo__sweep.*.members_*.lock.*"):
+                holder = json.loads(lock.read_text() or "{}")
+                tag = lock.name.split(".")[-3]
+                ckpts = list(store.glob(f"demo/sweep/*/parts/{tag}/ckpt/step_*.json"))
+                if holder.get("pid") in worker and len(ckpts) >= 3 and not killed:
+                    killed.update(cluster.kill_worker_node())
+            for manifest in store.glob("demo/sweep/*/manifest.json"):
+                finished = [e for e in events(runs.RunDir(manifest.parent, "demo/sweep", manifest.parent.name))
+                            if e["event"] == "finish"]
+                if len(finished) < 4:
+                    premature.append(len(finished))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    code, out = _finish(proc)
+    watcher.join()
+    assert code == 0, out
+    assert killed, "no part ran on the worker node, so nothing was killed:\n" + out
+    assert not premature, "the run was published before every part was in"
+    (rundir,) = [runs.RunDir(p, "demo/sweep", p.name) for p in store.glob("demo/sweep/*")]
+    kinds = [(e["part"], e["event"]) for e in events(rundir)]
+    for lo in range(4):
+        tag = f"members_{lo:05d}_{lo + 1:05d}"
+        assert kinds.count((tag, "finish")) == 1, (tag, kinds)
+    assert kinds.count(("run", "publish")) == 1
+    assert any(e == "resume" for _, e in kinds) or sum(e == "start" for _, e in kinds) > 4, \
+        "the killed part was taken over (resumed from its checkpoint)"
+    assert_same_values(values(tmp_path / "local"), values(store))
+
+
+def test_an_unreachable_address_is_a_clear_error_before_any_compute(mini_book, runs_dir, capsys):
+    from circuitbook.cli import main
+    from raycluster import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    assert main(["build", "--profile", "smoke", "--ray", address]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"circuitbook build: error: cannot reach the Ray cluster at {address}")
+    assert "ray start --head" in err and len(err.splitlines()) == 1
+    assert not (runs_dir / "results").exists() and not (runs_dir / "executed").exists()
+    assert main(["build", "--profile", "smoke", "--ray", "nohost"]) == 1
+    assert "expected HOST:PORT" in capsys.readouterr().err
+
+
+def test_without_ray_nothing_imports_it(mini_book, runs_dir):
+    code = ("import sys, circuitbook as cb\nfrom circuitbook import build, cli, train\n"
+            "from circuitbook.tasks.modular import ModularAddition\n"
+            "t = ModularAddition(p=7, train_fraction=0.5)\n"
+            "cb.train('t/x', cb.ToyConfig(d_vocab=8, n_ctx=3, d_model=8, n_layers=1, n_heads=1, d_mlp=8, d_vocab_out=7),"
+            " t, cb.TrainConfig(steps=3, batch_size=4, seeds=(0, 1)))\n"
+            "build.build('smoke', log=lambda m: None)\n"
+            "assert 'ray' not in sys.modules, [m for m in sys.modules if m.startswith('ray')]\n")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "CIRCUITBOOK_RUNS": str(runs_dir)})
