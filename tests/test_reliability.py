@@ -337,3 +337,46 @@ def test_an_unexpected_error_is_one_line_and_a_traceback_file(mini_book, runs_di
     assert code == 1 and err.count("\n") == 1 and "RuntimeError: something unforeseen" in err
     log = err.split("full traceback in ")[1].rstrip(")\n")
     assert "Traceback (most recent call last)" in open(log).read()
+
+
+# ---------------------------------------------------------------- external checkpoints
+
+@pytest.mark.parametrize("content, suffix, needle", [
+    (b"these are my notes, not weights\n", ".pt", "is a text file, not a checkpoint"),
+    (b"", ".pt", "is empty"),
+    (b"", ".safetensors", "is empty"),
+    (b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": {\"dtype\"", ".safetensors", "cannot be read"),
+    (b"PK\x03\x04garbage-zip", ".pth", "cannot be read"),
+])
+def test_a_bad_checkpoint_file_names_path_and_formats(tmp_path, content, suffix, needle):
+    from circuitbook.models.loading import read_state_dict
+
+    path = tmp_path / f"model{suffix}"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as e:
+        read_state_dict(path)
+    msg = str(e.value)
+    assert str(path) in msg and needle in msg and "safetensors file" in msg and "torch.save" in msg, msg
+    assert "weights_only=False" not in msg and "weights_only" not in msg
+
+
+def test_a_pickle_with_code_is_refused_not_loaded(tmp_path):
+    import pickle
+
+    from circuitbook.models.loading import read_state_dict
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    path = tmp_path / "evil.pt"
+    path.write_bytes(pickle.dumps({"embed.W_E": Evil()}))
+    with pytest.raises(ValueError, match="holds objects other than tensors"):
+        read_state_dict(path)
+
+
+def test_a_checkpoint_path_that_does_not_exist_is_refused_before_the_kernel(runs_dir, capsys):
+    code, _, err = cli(["run", "assign_add/04_mechanisms", "--profile", "smoke", "-p", "checkpoint_path",
+                        "/nonexistent/model.pt"], capsys)
+    assert code == 2 and "'/nonexistent/model.pt', which does not exist" in err, err
+    assert not runs_dir.exists()

@@ -382,12 +382,22 @@ def resolve(chapter: str, notebook: str, profile: str, overrides: dict | None = 
                                      f"parameters: {', '.join(sorted(spec))}")
             source = "the overrides" if layer == "overrides" else f"{chapter}/profiles.yml {layer}"
             values[name] = spec[name].validate(value, f"{where}, value from {source}")
+            if layer == "overrides" and spec[name].type == "path" and values[name] is not None:
+                _check_path(name, values[name], where)
     missing = [n for n, s in spec.items() if n not in values and not s.nullable]
     if missing:
         raise ParameterError(f"{where}: parameters {missing} have no value in profiles.yml")
     for n, s in spec.items():
         values.setdefault(n, None)
     return Params(values, chapter=chapter, notebook=notebook, profile=profile, overrides=dict(overrides or {}))
+
+
+def _check_path(name: str, value: str, where: str) -> None:
+    """A path a user passes must exist (a file or a folder), so a typo fails before the kernel starts."""
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise ParameterError(f"{where}: parameter {name!r} is {value!r}, which does not exist "
+                             f"(give an existing file or folder)")
 
 
 def load_params(chapter: str, notebook: str, profile: str, **overrides) -> Params:

@@ -46,12 +46,7 @@ def read_state_dict(path_or_state_dict) -> dict[str, torch.Tensor]:
         path = Path(path_or_state_dict).expanduser()
         if not path.is_file():
             raise ValueError(f"checkpoint {str(path)!r} is not a file")
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            obj = load_file(str(path))
-        else:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = _read_checkpoint_file(path)
     else:
         obj = path_or_state_dict
     if not isinstance(obj, Mapping):
@@ -72,6 +67,46 @@ def read_state_dict(path_or_state_dict) -> dict[str, torch.Tensor]:
         raise ValueError("checkpoint has no 'embed.W_E': not a TransformerLens HookedTransformer state dict "
                          f"(keys: {sorted(state)[:8]}...)")
     return state
+
+
+CHECKPOINT_FORMATS = ("a PyTorch state dict saved with torch.save (.pt/.pth), tensors only",
+                      "a safetensors file (.safetensors)")
+
+
+def _read_checkpoint_file(path: Path):
+    """The object stored in a checkpoint file; a ValueError naming the path and the formats the book
+    reads for anything else (a text file, an empty or truncated file, a damaged safetensors file).
+    Never unpickles code: a pickle that holds more than tensors is refused, not loaded."""
+    expected = " or ".join(CHECKPOINT_FORMATS)
+    if path.stat().st_size == 0:
+        raise ValueError(f"checkpoint {str(path)!r} is empty; expected {expected}")
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if not head.startswith((b"PK", b"\x80")) and path.suffix != ".safetensors" and _is_text(head):
+        raise ValueError(f"checkpoint {str(path)!r} is a text file, not a checkpoint; expected {expected}")
+    head = head[:8]
+    try:
+        if path.suffix == ".safetensors" or (len(head) == 8 and 0 < int.from_bytes(head, "little") < 100_000_000
+                                             and path.suffix not in (".pt", ".pth", ".bin")):
+            from safetensors.torch import load
+
+            return load(path.read_bytes())
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - every reader error means the same thing to the user
+        kind = type(e).__name__
+        if "weights_only" in str(e) or kind == "UnpicklingError":
+            why = "it holds objects other than tensors, or is not a PyTorch file at all"
+        else:
+            why = f"it cannot be read ({kind}: {str(e).splitlines()[0][:120] if str(e) else 'truncated?'})"
+        raise ValueError(f"checkpoint {str(path)!r} is not a readable state dict: {why}; expected {expected}") from None
+
+
+def _is_text(data: bytes) -> bool:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c in "\n\r\t" for c in text)
 
 
 def infer_config(state: Mapping[str, torch.Tensor], **overrides) -> ToyConfig:
