@@ -18,14 +18,19 @@ After s plain-SGD steps of size eta from zero (Theorem D.7's leading terms):
     W_O ~ s eta B,   V ~ C(s,2) eta^2 Phi^T B^T,   W ~ (3 C(s,4) + 2 C(s,3)) eta^4 Q,
     P ~ (3 C(s,4) + 2 C(s,3)) eta^4 q_pos          (every layer alike at this order).
 
+During training, `CosineEvaluator` (an evaluation callback of `circuitbook.train`) logs the cosine
+of every weight with its leading-term direction.
+
 Sign convention: the paper's loss gradient at zero is dL/dW_O = -B, so one SGD step gives
 W_O = +eta B exactly; V and W are applied as h V and h W h^T. Everything here is computed with
 index arithmetic on token ids (no [N, T, |V|] one-hot tensor), in float64 by default.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -208,3 +213,57 @@ def remove_projection(weight: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
     if denom == 0:
         raise ValueError("remove_projection: the leading term is zero")
     return weight - (weight * t).sum() / denom * t
+
+
+# ---------------------------------------------------------------- during training
+
+PARAM_TO_WEIGHT = {"unembed.W_U": "W_O"}
+
+
+def weight_name(param: str) -> str | None:
+    """'blocks.1.attn.W_QK' -> 'W1', 'blocks.1.attn.W_V' -> 'V1', 'blocks.1.attn.P' -> 'P1', 'unembed.W_U' -> 'W_O'."""
+    if param in PARAM_TO_WEIGHT:
+        return PARAM_TO_WEIGHT[param]
+    parts = param.split(".")
+    if len(parts) == 4 and parts[0] == "blocks" and parts[2] == "attn":
+        kind = {"W_QK": "W", "W_V": "V", "P": "P"}.get(parts[3])
+        return f"{kind}{parts[1]}" if kind else None
+    return None
+
+
+class CosineEvaluator:
+    """An evaluation callback: cos(weight, leading term) of every weight of every member.
+
+    Logged as `cos_<weight>` (W_O, W0, V0, P0, ...). The leading-term directions are fixed (they
+    come from the first batch), so the curves need no checkpoint.
+    """
+
+    def __init__(self, stats: LeadingStats):
+        self.directions = {kind: stats.direction(kind).float() for kind in WEIGHT_KINDS
+                           if kind in ("W_O", "V") or stats.Q is not None}
+        h = hashlib.sha256()
+        for kind in sorted(self.directions):
+            h.update(self.directions[kind].numpy().tobytes())
+        self.digest = h.hexdigest()[:16]
+
+    @torch.no_grad()
+    def __call__(self, ens, step: int) -> dict:
+        out = {}
+        for param, value in ens.params.items():
+            name = weight_name(param)
+            if name is None or kind_of(name) not in self.directions:
+                continue
+            d = self.directions[kind_of(name)].to(value.device)
+            flat = value.detach().float().flatten(1)  # [K, n]
+            dots = flat @ d.flatten()
+            norms = flat.norm(dim=1) * d.norm()
+            out[f"cos_{name}"] = torch.where(norms > 0, dots / norms.clamp(min=1e-30), torch.nan).cpu()
+        return out
+
+    def spec(self) -> dict:
+        # The run key hashes the modules of the task and of this callback, not models/onehot.py (not one of
+        # the loop's core sources), so the model's source goes in here: editing the model retrains.
+        from ..models import onehot
+
+        model_source = hashlib.sha256(Path(onehot.__file__).read_bytes()).hexdigest()[:16]
+        return {"leading_term_cosines": self.digest, "model_source": model_source}

@@ -8,7 +8,7 @@ Corpus and runs (all notebooks)
     `load_corpus(cfg)`       the TinyStories samples of the notebook's Params (word or BPE tokens);
     `model_config`, `train_config`, `main_run(cfg)`  the paper's model trained with plain SGD, one
                              ensemble member per learning rate (`lrs`), every member on the same
-                             batches; `CosineEvaluator` logs the cosine of every weight to its
+                             batches; `CosineEvaluator` (from analysis.leading_terms) logs the cosine of every weight to its
                              leading term during training (no checkpoint needed for the curves);
     `first_batch_stats`      B, Sigma_B, Phi, Q, q_pos of the first training batch (the paper's
                              theory takes its statistics from it).
@@ -46,7 +46,7 @@ from ..analysis import leading_terms as lt
 from ..models.onehot import OneHotConfig, OneHotTransformer
 from ..tasks import corpus as corpus_lib
 from ..tasks.base import derive_seed
-from ..train import Ensemble, Run, TrainConfig
+from ..train import Run, TrainConfig
 from ..train import train as _train
 
 CHAPTER = "leading_terms"
@@ -103,51 +103,10 @@ def first_batch_stats(cfg, task: corpus_lib.CorpusTask, attention: bool = True) 
     return lt.leading_stats(batch.tokens, batch.labels, task.vocab_size, attention=attention)
 
 
-PARAM_TO_WEIGHT = {"unembed.W_U": "W_O"}
-
-
-def weight_name(param: str) -> str | None:
-    """'blocks.1.attn.W_QK' -> 'W1', 'blocks.1.attn.W_V' -> 'V1', 'blocks.1.attn.P' -> 'P1', 'unembed.W_U' -> 'W_O'."""
-    if param in PARAM_TO_WEIGHT:
-        return PARAM_TO_WEIGHT[param]
-    parts = param.split(".")
-    if len(parts) == 4 and parts[0] == "blocks" and parts[2] == "attn":
-        kind = {"W_QK": "W", "W_V": "V", "P": "P"}.get(parts[3])
-        return f"{kind}{parts[1]}" if kind else None
-    return None
-
-
-class CosineEvaluator:
-    """An evaluation callback: cos(weight, leading term) of every weight of every member.
-
-    Logged as `cos_<weight>` (W_O, W0, V0, P0, ...). The leading-term directions are fixed (they
-    come from the first batch), so the curves need no checkpoint.
-    """
-
-    def __init__(self, stats: lt.LeadingStats):
-        self.directions = {kind: stats.direction(kind).float() for kind in lt.WEIGHT_KINDS
-                           if kind in ("W_O", "V") or stats.Q is not None}
-        h = hashlib.sha256()
-        for kind in sorted(self.directions):
-            h.update(self.directions[kind].numpy().tobytes())
-        self.digest = h.hexdigest()[:16]
-
-    @torch.no_grad()
-    def __call__(self, ens: Ensemble, step: int) -> dict:
-        out = {}
-        for param, value in ens.params.items():
-            name = weight_name(param)
-            if name is None or lt.kind_of(name) not in self.directions:
-                continue
-            d = self.directions[lt.kind_of(name)].to(value.device)
-            flat = value.detach().float().flatten(1)  # [K, n]
-            dots = flat @ d.flatten()
-            norms = flat.norm(dim=1) * d.norm()
-            out[f"cos_{name}"] = torch.where(norms > 0, dots / norms.clamp(min=1e-30), torch.nan).cpu()
-        return out
-
-    def spec(self) -> dict:
-        return {"leading_term_cosines": self.digest}
+# The training callback lives beside the maps it reads (analysis.leading_terms), so that editing this
+# chapter module does not change the runs' keys.
+weight_name = lt.weight_name
+CosineEvaluator = lt.CosineEvaluator
 
 
 @dataclass
@@ -466,6 +425,7 @@ def top_pairs(M: torch.Tensor, vocab, k: int = 10, rows: Sequence[str] | None = 
 # Baselines: the same cosines with the feature's token labels permuted at random.
 
 LM_CHECKPOINTS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # the paper's Pythia checkpoints
+PAPER_LM = "pythia-1.4b"  # a checkpoint folder whose parent's name holds this is the paper's model
 
 
 def gpt_config(cfg, vocab_size: int, seq_len: int):
@@ -498,31 +458,23 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
     return lt.cosine(a, b)
 
 
-def _permute_tokens(M: torch.Tensor, perm: torch.Tensor, axes: Sequence[int]) -> torch.Tensor:
-    for ax in axes:
-        M = M.index_select(ax, perm)
-    return M
-
-
 def embedding_agreement(W_E0, W_E, W_U0, W_U, B: torch.Tensor, ids: torch.Tensor, n_perm: int = 20,
                         seed: int = 0) -> dict:
     """Cosines of the embedding and unembedding displacements with their first-step directions on
-    the tokens `ids`, and their permutation baselines (mean and std over n_perm shuffles)."""
-    B = B.double()
-    dE = (W_E - W_E0).double()[ids]
-    dU = (W_U - W_U0).double()[:, ids]
-    pred_E = B[ids] @ W_U0.double().T
-    pred_U = W_E0.double().T @ B[:, ids]
+    the tokens `ids`, and their permutation baselines (mean and std over n_perm shuffles of the
+    feature's token labels: B[perm][:, perm])."""
+    B, W_E0, W_U0 = B.double(), W_E0.double(), W_U0.double()
+    dE = (W_E.double() - W_E0)[ids]
+    dU = (W_U.double() - W_U0)[:, ids]
     gen = torch.Generator().manual_seed(seed)
     base_E, base_U = [], []
     for _ in range(n_perm):
         perm = torch.randperm(len(B), generator=gen)
-        Bp = _permute_tokens(B, perm, (0, 1))
-        base_E.append(_cos(dE, Bp[ids] @ W_U0.double().T))
-        base_U.append(_cos(dU, W_E0.double().T @ Bp[:, ids]))
-    return {"embed": _cos(dE, pred_E), "embed_base_mean": float(np.mean(base_E)), "embed_base_std": float(np.std(base_E)),
-            "unembed": _cos(dU, pred_U), "unembed_base_mean": float(np.mean(base_U)),
-            "unembed_base_std": float(np.std(base_U))}
+        base_E.append(_cos(dE, B[perm[ids]][:, perm] @ W_U0.T))
+        base_U.append(_cos(dU, W_E0.T @ B[:, perm[ids]][perm]))
+    return {"embed": _cos(dE, B[ids] @ W_U0.T), "embed_base_mean": float(np.mean(base_E)),
+            "embed_base_std": float(np.std(base_E)), "unembed": _cos(dU, W_E0.T @ B[:, ids]),
+            "unembed_base_mean": float(np.mean(base_U)), "unembed_base_std": float(np.std(base_U))}
 
 
 @torch.no_grad()
@@ -561,19 +513,19 @@ def _centred_over_keys(M: torch.Tensor) -> torch.Tensor:
 def attention_agreement(scores: torch.Tensor, scores0: torch.Tensor, Q: torch.Tensor, ids: torch.Tensor,
                         n_perm: int = 20, seed: int = 0) -> pd.DataFrame:
     """Per layer: cosine of the score change (query x key, centred over keys) with Q on `ids`, and
-    its permutation baseline."""
-    Qs = Q.double()[ids][:, ids]
+    its permutation baseline (Q with its token labels shuffled)."""
+    Q = Q.double()
     seen = ~torch.isnan(scores[0])
     gen = torch.Generator().manual_seed(seed)
-    perms = [torch.randperm(len(Q), generator=gen) for _ in range(n_perm)]
+    target = _centred_over_keys(torch.where(seen, Q[ids][:, ids], torch.nan))
+    shuffled = []
+    for _ in range(n_perm):
+        pi = torch.randperm(len(Q), generator=gen)[ids]
+        shuffled.append(_centred_over_keys(torch.where(seen, Q[pi][:, pi], torch.nan)))
     rows = []
     for l in range(scores.shape[0]):
         delta = _centred_over_keys(torch.where(seen, scores[l] - scores0[l], torch.nan))
-        target = _centred_over_keys(torch.where(seen, Qs, torch.nan))
-        base = []
-        for perm in perms:
-            Qp = _permute_tokens(Q.double(), perm, (0, 1))[ids][:, ids]
-            base.append(_cos(delta, _centred_over_keys(torch.where(seen, Qp, torch.nan))))
+        base = [_cos(delta, t) for t in shuffled]
         rows.append({"layer": l, "cosine": _cos(delta, target), "base_mean": float(np.mean(base)),
                      "base_std": float(np.std(base))})
     return pd.DataFrame(rows)
@@ -595,6 +547,7 @@ class EarlyLM:
     tokens: torch.Tensor  # [n, T] model token ids
     seen: torch.Tensor  # model ids of the tokens that occur in `tokens` (the compact vocabulary)
     n_vocab: int  # the model's vocabulary size
+    run: Run | None = None  # the book's run (the substitute), None for loaded checkpoints
 
 
 def _checkpoint_step(path: str) -> int:
@@ -614,7 +567,7 @@ def substitute_lm(cfg, progress: bool | None = None) -> EarlyLM:
     steps = [s for s in run.checkpoint_steps() if s == 0 or (s & (s - 1)) == 0]  # 0 and the powers of 2
     tokens = corpus.inputs[:cfg.lm_eval_samples]
     return EarlyLM(f"book GPT-style ToyTransformer ({cfg.lm_layers} layers, d_model {cfg.lm_d_model})", True, steps,
-                   lambda step: run.model(0, step), tokens, torch.arange(len(corpus.vocab)), len(corpus.vocab))
+                   lambda step: run.model(0, step), tokens, torch.arange(len(corpus.vocab)), len(corpus.vocab), run)
 
 
 def pretrained_lm(cfg) -> EarlyLM:
@@ -636,8 +589,10 @@ def pretrained_lm(cfg) -> EarlyLM:
     n = len(ids) // cfg.seq_len
     tokens = torch.tensor(ids[:n * cfg.seq_len]).reshape(n, cfg.seq_len)
     by_step = {_checkpoint_step(d): d for d in dirs}
-    name = ", ".join(sorted({str(d).rstrip("/").split("/")[-2] if "/" in str(d) else str(d) for d in dirs}))
-    return EarlyLM(name, not pretrained.is_paper_model(name) and "pythia" not in name.lower(), sorted(by_step),
+    from pathlib import Path
+
+    name = ", ".join(sorted({Path(d).expanduser().resolve().parent.name for d in dirs}))
+    return EarlyLM(name, PAPER_LM not in name.lower(), sorted(by_step),
                    lambda step: pretrained.load_bridge(by_step[step]).bridge, tokens, tokens.unique(),
                    int(first.bridge.cfg.d_vocab))
 
@@ -716,3 +671,22 @@ def attention_summary(att: pd.DataFrame) -> pd.DataFrame:
     """Per layer: its best cosine with Q over the checkpoints and whether any checkpoint agrees."""
     flags = att.assign(agrees=[agrees(r.cosine, r.base_mean, r.base_std) for r in att.itertuples()])
     return flags.groupby("layer").agg(best_cosine=("cosine", "max"), agrees=("agrees", "any")).reset_index()
+
+
+WEIGHT_TITLES = {"W": "attention W", "V": "value V", "P": "positional P", "W_O": "output W_O"}
+
+
+def plot_cosines(frame: pd.DataFrame, lr: float):
+    """One panel per weight kind (W, V, P, W_O), one line per layer: cosine with the leading term
+    against s * eta for one learning rate, a dotted line at 0.9. Returns the figure."""
+    from .. import plotting
+
+    sub = frame[np.isclose(frame["lr"], lr)].copy()
+    sub["layer"] = sub["layer"].map(lambda l: "output" if l < 0 else f"layer {l}")
+    fig, axes = plotting.figure(ncols=2, nrows=2, height=6)
+    for ax, kind in zip(axes.flat, ("W", "V", "P", "W_O")):
+        plotting.curves(ax, sub[sub["kind"] == kind], x="s_eta", y="cosine", hue="layer", title=WEIGHT_TITLES[kind],
+                        xlabel="$s\\eta$ (steps x learning rate)", ylabel="cosine with leading term")
+        ax.axhline(0.9, color="0.5", lw=0.8, ls=":")
+    fig.suptitle(f"learning rate {lr:g}")
+    return fig

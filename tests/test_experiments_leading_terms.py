@@ -1,0 +1,221 @@
+"""Chapter glue of leading_terms: names, the cosine callback, curve summaries, ablation, LT-3 counts, LT-6 measures."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from circuitbook.analysis import leading_terms as lt
+from circuitbook.experiments import leading_terms as el
+from circuitbook.models.onehot import OneHotConfig
+from circuitbook.tasks.corpus import Vocab
+from circuitbook.train import Ensemble
+
+
+def batch(V=8, T=5, N=20, seed=0):
+    x = torch.randint(0, V, (N, T + 1), generator=torch.Generator().manual_seed(seed))
+    return x[:, :-1], x[:, 1:]
+
+
+def test_weight_names():
+    assert el.weight_name("unembed.W_U") == "W_O"
+    assert el.weight_name("blocks.2.attn.W_QK") == "W2"
+    assert el.weight_name("blocks.0.attn.W_V") == "V0"
+    assert el.weight_name("blocks.1.attn.P") == "P1"
+    assert el.weight_name("blocks.1.attn.mask") is None
+
+
+def test_cosine_evaluator_on_an_ensemble_that_sits_on_the_leading_terms():
+    x, y = batch()
+    stats = lt.leading_stats(x, y, 8)
+    ens = Ensemble(OneHotConfig(8, 5, 2), seeds=(0, 1))
+    pred = lt.predicted_weights(stats, 5, 0.1, 2)
+    name_of = {"unembed.W_U": "W_O", **{f"blocks.{l}.attn.{p}": f"{k}{l}" for l in range(2)
+                                       for p, k in (("W_QK", "W"), ("W_V", "V"), ("P", "P"))}}
+    with torch.no_grad():
+        for param, name in name_of.items():
+            ens.params[param][0] = pred[name].float()
+            ens.params[param][1] = -pred[name].float()
+    out = el.CosineEvaluator(stats)(ens, 5)
+    assert set(out) == {f"cos_{n}" for n in name_of.values()}
+    for v in out.values():
+        assert v[0] == pytest.approx(1.0, abs=1e-5) and v[1] == pytest.approx(-1.0, abs=1e-5)
+    zero = el.CosineEvaluator(stats)(Ensemble(OneHotConfig(8, 5, 2), seeds=(0,)), 0)
+    assert all(math.isnan(float(v[0])) for v in zero.values()), "a zero weight has no direction"
+    assert el.CosineEvaluator(stats).spec() == el.CosineEvaluator(stats).spec()
+    other = lt.leading_stats(*batch(seed=1), 8)
+    assert el.CosineEvaluator(stats).spec() != el.CosineEvaluator(other).spec()
+
+
+def frame(rows):
+    return pd.DataFrame(rows, columns=["lr", "step", "s_eta", "kind", "cosine"])
+
+
+def test_curve_summaries():
+    f = frame([(0.5, s, 0.5 * s, k, c) for s, cs in ((1, (1.0, 0.99, 0.95)), (2, (0.95, 0.92, 0.91)),
+                                                      (3, (0.93, 0.85, 0.9)), (4, (0.8, 0.7, 0.6)))
+               for k, c in zip(("W_O", "V", "W"), cs)])
+    f = pd.concat([f, frame([(0.5, 1, 0.5, "P", 0.1)])])
+    assert el.min_cosines(f, 0.5) == {"P": 0.1, "V": 0.7, "W": 0.6, "W_O": 0.8}
+    # every kind >= 0.9 up to s*eta = 1.0 (step 2); step 3 has V at 0.85; P is not among the kinds
+    assert el.s_eta_until_below(f, 0.5, 0.9) == 1.0
+    assert el.s_eta_until_below(f, 0.5, 0.5) == 2.0, "never below: the last s*eta"
+    assert el.s_eta_until_below(f, 0.5, 0.999) == 0.0, "below at the first evaluation"
+
+
+def test_ablation_removes_one_projection_at_a_time_and_restores_the_weights():
+    x, y = batch(V=8, T=5, N=30)
+    stats = lt.leading_stats(x, y, 8)
+    model = OneHotConfig(8, 5, 2).build().double()
+    with torch.no_grad():  # weights = leading terms + an orthogonal part: removal leaves the orthogonal part
+        for name, w in model.weights().items():
+            if lt.kind_of(name) != "P":
+                w.copy_(lt.predicted_weights(stats, 20, 0.5, 2)[name])
+    before = {k: v.detach().clone() for k, v in model.weights().items()}
+    table = el.ablation_table(model, stats, x, y)
+    assert list(table["removed"]) == ["none", "W_O", "W0", "V0", "W1", "V1"]
+    assert all(torch.equal(before[k], v) for k, v in model.weights().items()), "weights restored"
+    # a weight equal to its leading term becomes zero: removing W_O gives the uniform output
+    assert table.loc[table.removed == "W_O", "loss"].iloc[0] == pytest.approx(math.log(8), abs=1e-12)
+    assert table.loc[table.removed == "none", "loss"].iloc[0] == pytest.approx(el.mean_loss(model, x, y))
+    undone = el.undone_fractions(table, math.log(8))
+    assert undone.loc[undone.removed == "W_O", "undone"].iloc[0] == pytest.approx(1.0)
+    base = el.mean_loss(model, x, y)
+    rnd = el.random_direction_undone(model, "W_O", x, y, base, math.log(8))
+    assert abs(rnd) < 0.2 and all(torch.equal(before[k], v) for k, v in model.weights().items())
+
+
+def test_mean_loss_of_a_zero_model_is_log_vocab():
+    x, y = batch(V=13)
+    assert el.mean_loss(OneHotConfig(13, 5, 3).build(), x, y, chunk=7) == pytest.approx(math.log(13))
+
+
+def test_context_lift_is_one_under_independence():
+    joint = torch.outer(torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64), torch.tensor([0.6, 0.4], dtype=torch.float64))
+    assert torch.allclose(el.context_lift(joint), torch.ones(3, 2, dtype=torch.float64))
+    joint = torch.tensor([[0.5, 0.0], [0.0, 0.5]], dtype=torch.float64)
+    assert torch.equal(el.context_lift(joint), torch.tensor([[2.0, 0.0], [0.0, 2.0]], dtype=torch.float64))
+
+
+def toy_vocab(words):
+    return Vocab(list(words), [100] * len(words))
+
+
+def test_adjective_noun_share_counts_listed_nouns_among_top_successors():
+    vocab = toy_vocab(["big", "red", "dog", "ball", "the", "and", "."])
+    B = torch.zeros(7, 7, dtype=torch.float64)
+    ix = vocab.index
+    B[ix["big"], ix["dog"]], B[ix["big"], ix["."]] = 3, 2  # top-2 of big: dog, .
+    B[ix["red"], ix["ball"]], B[ix["red"], ix["dog"]] = 3, 2  # top-2 of red: ball, dog
+    B[ix["the"], ix["dog"]], B[ix["the"], ix["and"]] = 3, 2
+    B[ix["and"], ix["the"]], B[ix["and"], ix["."]] = 3, 2
+    B[ix["."], ix["the"]], B[ix["."], ix["and"]] = 3, 2
+    share, baseline, n = el.adjective_noun_share(B, vocab, k=2, n_baseline=3)
+    assert n == 2 and share == pytest.approx(3 / 4)
+    assert baseline == pytest.approx(1 / 6)  # the, and, . -> only "the dog"
+
+
+def test_class_purity_and_its_chance():
+    # colours red/blue/green, animals dog/cat: B columns make colours alike and animals alike
+    vocab = toy_vocab(["red", "blue", "green", "dog", "cat", "the"])
+    B = torch.zeros(6, 6, dtype=torch.float64)
+    for w in ("red", "blue", "green"):
+        B[0, vocab.index[w]] = 1.0
+    for w in ("dog", "cat"):
+        B[1, vocab.index[w]] = 1.0
+    B[2, vocab.index["the"]] = 1.0
+    purity, chance, n = el.class_purity(B.T @ B, vocab)
+    assert n == 5 and purity == 1.0
+    assert chance == pytest.approx((3 * 2 / 4 + 2 * 1 / 4) / 5)
+    assert el.neighbours(B.T @ B, vocab, "dog", 1) == ["cat"]
+
+
+def test_setting_hit_rate_against_other_entities_settings():
+    vocab = toy_vocab(["fish", "pond", "bird", "sky", "the"])
+    lift = torch.zeros(5, 5, dtype=torch.float64)
+    lift[vocab.index["pond"], vocab.index["fish"]] = 5.0  # fish in context -> pond later
+    lift[vocab.index["the"], vocab.index["bird"]] = 5.0  # bird -> the (no setting)
+    hits, base, n = el.setting_hit_rate(lift, vocab, k=1, min_count=1)
+    assert n == 2 and hits == 0.5 and base == 0.0
+
+
+def test_embedding_agreement_of_a_displacement_along_the_prediction():
+    torch.manual_seed(0)
+    V, d = 12, 6
+    B = torch.randn(V, V, dtype=torch.float64)
+    W_E0, W_U0 = torch.randn(V, d, dtype=torch.float64), torch.randn(d, V, dtype=torch.float64)
+    ids = torch.arange(8)
+    out = el.embedding_agreement(W_E0, W_E0 + 0.1 * B @ W_U0.T, W_U0, W_U0 + 0.1 * W_E0.T @ B, B, ids, n_perm=10)
+    assert out["embed"] == pytest.approx(1.0) and out["unembed"] == pytest.approx(1.0)
+    assert abs(out["embed_base_mean"]) < 0.5
+    assert el.agrees(out["embed"], out["embed_base_mean"], out["embed_base_std"])
+    assert not el.agrees(-0.5, 0.0, 0.1) and not el.agrees(0.2, 0.0, 0.1)
+
+
+def test_attention_token_scores_average_the_hooked_scores_by_token_pair():
+    from circuitbook.models.toy import ToyConfig, ToyTransformer
+
+    model = ToyTransformer(ToyConfig(d_vocab=5, n_ctx=4, d_model=8, n_layers=2, n_heads=2), seed=0)
+    tokens = torch.tensor([[0, 1, 0, 2], [1, 1, 2, 0]])
+    ids = torch.tensor([0, 1, 2])
+    scores = el.attention_token_scores(model, tokens, ids, chunk=1)
+    _, cache = model.run_with_cache(tokens)
+    s = cache["blocks.1.attn.hook_attn_scores"].double().mean(1)
+    # query token 1, key token 0: (seq 0: q1 k0) + (seq 1: q3 is token 0 - no) ... collect by hand
+    pairs = [(b, q, k) for b in range(2) for q in range(4) for k in range(q + 1)
+             if tokens[b, q] == 1 and tokens[b, k] == 0]
+    expected = sum(float(s[b, q, k]) for b, q, k in pairs) / len(pairs)
+    assert scores[1, 1, 0].item() == pytest.approx(expected)
+    assert torch.isnan(scores[0, 2, 2]) == (not any(tokens[b, q] == 2 and tokens[b, k] == 2
+                                                     for b in range(2) for q in range(4) for k in range(q + 1)))
+
+
+def test_checkpoint_steps_are_read_from_folder_names():
+    assert el._checkpoint_step("/models/pythia-1.4b-deduped/step512") == 512
+    assert el._checkpoint_step("ckpt_step-16") == 16
+    with pytest.raises(ValueError, match="name each folder after its step"):
+        el._checkpoint_step("/models/pythia/final")
+
+
+def test_activation_memory_estimate():
+    # one [2048, 200, 3000] float32 tensor is 4.58 GiB; 18 of them for 3 layers, 2 members
+    assert el.activation_gib(2048, 200, 3000, 3, members=2) == pytest.approx(2048 * 200 * 3000 * 4 * 18 * 2 / 2 ** 30)
+
+
+def test_local_checkpoints_go_through_transformer_bridge(tmp_path):
+    """The Pythia path, on two tiny Llama checkpoints saved as step folders: loaded through
+    TransformerBridge, compared with the features of a local text; not the paper's model."""
+    from circuitbook.models import pretrained
+
+    text = ("the cat sat on the mat . the dog ran to the park . the bird flew to the tree .\n" * 3).strip()
+    (tmp_path / "stories.txt").write_text("\n".join([text] * 6))
+    tok = pretrained.tiny_tokenizer(text.split())
+    for step, seed in ((0, 0), (4, 1)):
+        folder = tmp_path / "tiny-run" / f"step{step}"
+        pretrained.tiny_random_llama(len(tok), seed=seed).save_pretrained(folder)
+        tok.save_pretrained(folder)
+
+    class P(dict):
+        __getattr__ = dict.__getitem__
+
+    cfg = P(checkpoint_dirs=[str(tmp_path / "tiny-run" / "step4"), str(tmp_path / "tiny-run" / "step0")],
+            tinystories_path=str(tmp_path / "stories.txt"), seq_len=8, lm_eval_samples=6)
+    lm = el.pretrained_lm(cfg)
+    assert lm.steps == [0, 4] and lm.substitute and lm.name == "tiny-run"
+    assert lm.tokens.shape[1] == 8 and lm.n_vocab == len(tok)
+    emb, att = el.early_agreement(lm, n_frequent=5, n_perm=3)
+    assert list(emb["step"]) == [4] and sorted(att["layer"]) == [0, 1]
+    assert emb[["embed", "unembed"]].abs().max().max() <= 1.0
+    with pytest.raises(FileNotFoundError, match="not local Hugging Face model folders"):
+        el.pretrained_lm(P(cfg, checkpoint_dirs=[str(tmp_path / "nothing" / "step0")]))
+
+
+def test_plot_cosines_draws_one_labelled_panel_per_weight_kind():
+    rows = [{"lr": 0.1, "step": s, "s_eta": 0.1 * s, "kind": lt.kind_of(w), "layer": -1 if w == "W_O" else int(w[1]),
+             "weight": w, "cosine": 1 - 0.01 * s} for s in (1, 2, 3) for w in ("W_O", "W0", "V0", "P0", "W1")]
+    fig = el.plot_cosines(pd.DataFrame(rows), 0.1)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["attention W", "value V", "positional P", "output W_O"]
+    assert all(ax.get_ylabel() == "cosine with leading term" for ax in fig.axes)
+    assert len(fig.axes[0].get_lines()) >= 2  # two layers of W (+ the 0.9 line)
