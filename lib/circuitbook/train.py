@@ -735,7 +735,7 @@ def choose_chunk(spec: RunSpec, requested=None, device: torch.device | None = No
     if _draws_random_numbers(spec.model):
         return K
     device = device or default_device()
-    whole = calibrate(spec, [K], device, repeats=1)[K]
+    whole = calibrate(spec, [K], device, repeats=2)[K]
     if spec.tc.steps * whole < MIN_CALIBRATED_RUN_S:
         return K
     from . import cluster
@@ -955,6 +955,7 @@ class PlannedRun:
     def __init__(self, rundir: runs.RunDir, model, tasks: list, tc: TrainConfig, fork_from, complete: bool):
         self.dir, self.path, self.model_config, self.train_config = rundir, rundir.path, model, tc
         self.tasks, self.fork_from, self.complete = tasks, fork_from, complete
+        self.manifest: dict = {}
 
     def __repr__(self):
         return f"PlannedRun({self.dir.name}, key={self.key}, members={self.n_members})"

@@ -1,0 +1,88 @@
+"""`circuitbook build --plan`: the runs each notebook trains, sized and timed, with nothing trained."""
+import json
+
+import pytest
+import torch
+
+from circuitbook import build, context, params
+from circuitbook.book import book_notebooks
+from circuitbook.cli import main
+from circuitbook.plan import TRAINING_CALLS, planned_runs
+from circuitbook.tasks.modular import ModularAddition
+from circuitbook.train import RunSpec, count_parameters, step_flops, TrainConfig
+import circuitbook as cb
+
+
+def test_every_notebook_of_the_book_is_in_the_plan():
+    missing = [nb.label for nb in book_notebooks() if nb.label not in TRAINING_CALLS]
+    assert not missing, f"add these notebooks' training calls to circuitbook.plan.TRAINING_CALLS: {missing}"
+
+
+def test_planning_trains_nothing(runs_dir):
+    runs = planned_runs("assign_add", "03_generalization", "smoke")
+    assert [r.dir.name for r in runs] == ["assign_add/main", "assign_add/main_cooldown", "assign_add/f_sweep",
+                                          "assign_add/r_sweep"][-len(runs):]
+    assert all(not r.complete for r in runs)
+    assert not runs_dir.exists() or not any(runs_dir.rglob("config.json"))
+
+
+@pytest.mark.slow
+def test_planned_keys_are_the_keys_the_notebook_trains(runs_dir):
+    planned = {(r.dir.name, r.key) for r in planned_runs("assign_add", "02_training", "smoke")}
+    build.run_one("assign_add/02_training", "smoke", {}, log=lambda m: None)
+    recorded = context.read_results("assign_add", "02_training", "smoke")
+    assert {(r["name"], r["key"]) for r in recorded["runs"]} == planned
+    after = planned_runs("assign_add", "02_training", "smoke")
+    assert all(r.complete for r in after), "the plan sees the runs the notebook trained"
+
+
+def test_flops_and_parameters_known_answers():
+    # one linear map: embedding lookups cost nothing; a model is priced by its matmuls
+    model = cb.ToyConfig(d_vocab=8, n_ctx=3, d_model=16, n_layers=1, n_heads=2, d_mlp=32, d_vocab_out=7)
+    built = model.build(seed=0)
+    assert count_parameters(model) == sum(p.numel() for n, p in built.named_parameters() if n in set(built.trainable_names()))
+    task = ModularAddition(p=7, train_fraction=0.5)
+
+    def flops(**kw):
+        tc = TrainConfig(**{"steps": 1, "batch_size": 8, "seeds": (0,), **kw})
+        return step_flops(RunSpec(None, {}, model, [task] * tc.n_members, tc))
+
+    one = flops()
+    assert one > 0
+    assert flops(seeds=(0, 1, 2)) == pytest.approx(3 * one)
+    assert flops(batch_size=16) == pytest.approx(2 * one, rel=0.01)
+
+
+def test_plan_command_prints_runs_and_resources(runs_dir, capsys):
+    assert main(["build", "--profile", "smoke", "--plan", "--chapter", "assign_add"]) == 0
+    out = capsys.readouterr().out
+    assert "assign_add/02_training  [resources: num_cpus=1]" in out
+    assert "assign_add/main (" in out and "parameters each" in out and "FLOPs" in out and "here (chunk" in out
+    assert "reads assign_add/main" in out and out.strip().splitlines()[-1].startswith("total: ")
+    assert not any(runs_dir.rglob("config.json")) if runs_dir.exists() else True
+
+
+@pytest.mark.parametrize("res, needle", [
+    ("{num_gpu: 1}", "unknown resource 'num_gpu' (did you mean 'num_gpus'?)"),
+    ("{num_cpus: 0}", "num_cpus must be a finite number >= 0 (num_cpus > 0)"),
+    ("{full: {num_gpus: -1}}", "notebooks.02_use.resources.full: num_gpus must be"),
+    ("{num_cpus: true}", "num_cpus must be a finite number"),
+    ("[1]", "resources must be a mapping"),
+])
+def test_bad_resources_are_refused_naming_the_file(mini_book, runs_dir, capsys, res, needle):
+    prof = mini_book / "chapters" / "demo" / "profiles.yml"
+    prof.write_text(prof.read_text() + f"    resources: {res}\n")
+    assert main(["build", "--profile", "smoke"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "profiles.yml" in err
+    assert not (runs_dir / "results").exists()
+
+
+def test_resources_flat_or_per_profile(mini_book):
+    prof = mini_book / "chapters" / "demo" / "profiles.yml"
+    base = prof.read_text()
+    prof.write_text(base + "    resources: {num_cpus: 2, num_gpus: 0.25}\n")
+    assert params.resources("demo", "02_use", "cpu") == {"num_cpus": 2, "num_gpus": 0.25}
+    prof.write_text(base + "    resources: {full: {num_gpus: 0.5, memory_gb: 4}}\n")
+    assert params.resources("demo", "02_use", "full") == {"num_cpus": 1, "num_gpus": 0.5, "memory_gb": 4}
+    assert params.resources("demo", "02_use", "smoke") == {"num_cpus": 1}
