@@ -172,3 +172,23 @@ def test_bad_arguments_are_refused():
         im.learned_delta(model, task, "hinge")
     with pytest.raises(ValueError, match="mode"):
         im.train_two_hop(im.two_hop_task(8, 4), 3, "dense", [0], 1, 1.0, 8, 1, 16)
+
+
+def test_circuit_probe_matches_member_by_member_ablation():
+    from circuitbook.train import Ensemble
+
+    task = im.recall_task(8, 2, f_v=1.0)
+    layout = imir.Layout.from_task(task)
+    dirs = im.three_layer_directions(imir.IMIRBasis.concatenated(layout, 3, 1))
+    cfg = imir.IMIRConfig.with_directions(layout, dirs, n_layers=3)
+    table = {0: {"alpha1": 12.0, "beta12": 14.0, "gamma2": 25.0}, 1: {"alpha2": 12.0, "beta23": 14.0, "gamma3": 25.0}}
+    ens = Ensemble(cfg, [0, 1], im.InitTable(table))
+    pool = task.batch(task.sample(128, seed=3))
+    out = im.CircuitProbe(pool, im.CIRCUITS)(ens, 0)
+    before = ens.params["phi"].clone()
+    for k in range(2):
+        model = ens.member(k)
+        for c, d in im.CIRCUITS.items():
+            assert out[f"solo_{c}"][k].item() == pytest.approx(im.circuit_accuracy(model, pool, d))
+    assert torch.equal(ens.params["phi"], before)  # restored
+    assert out["solo_1->2"][0] > 0.9 and out["solo_2->3"][1] > 0.9 and out["solo_2->3"][0] < 0.5

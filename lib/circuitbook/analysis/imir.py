@@ -555,22 +555,30 @@ def last_position_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str = "
     if loss == "mse":
         if layout is None:
             raise ValueError("last_position_loss: loss='mse' needs the layout (the label embeddings)")
-        target = label_targets(layout, labels).to(logits.dtype)
+        target = label_targets(layout, labels.cpu()).to(logits.device, logits.dtype)
         return 0.5 * (logits - target).pow(2).sum(-1).to(torch.float64)
     raise ValueError(f"last_position_loss: loss={loss!r}; expected one of {LOSSES}")
 
 
 def weighted_gradient(model, tokens: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None,
-                      chunk: int = 4096, loss: str = "ce", layout: Layout | None = None) -> dict[str, torch.Tensor]:
+                      chunk: int = 4096, loss: str = "ce", layout: Layout | None = None,
+                      device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
     """sum_x w(x) grad loss(x) over a set of sequences (last-position loss, see `last_position_loss`).
 
     weights: probabilities of an enumerated distribution (the exact expected gradient) or None
-    for the plain mean of a sample. Returns the gradient of every trainable parameter.
+    for the plain mean of a sample. device: compute on a copy of the model there (the gradients
+    come back on the CPU). Returns the gradient of every trainable parameter.
     """
     if loss not in LOSSES:
         raise ValueError(f"weighted_gradient: loss={loss!r}; expected one of {LOSSES}")
+    if device is not None and torch.device(device).type != "cpu":
+        import copy
+
+        model = copy.deepcopy(model).to(device)
+        tokens, labels = tokens.to(device), labels.to(device)
     n = tokens.shape[0]
     w = torch.full((n,), 1.0 / n, dtype=torch.float64) if weights is None else weights.to(torch.float64)
+    w = w.to(tokens.device)
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
     for p in params.values():
         p.grad = None
@@ -578,7 +586,7 @@ def weighted_gradient(model, tokens: torch.Tensor, labels: torch.Tensor, weights
         logits = model(tokens[i:i + chunk], last_only=True)[:, -1]
         per = last_position_loss(logits, labels[i:i + chunk], loss, layout)
         (per * w[i:i + chunk]).sum().backward()
-    grads = {k: p.grad.detach().clone() for k, p in params.items()}
+    grads = {k: p.grad.detach().cpu().clone() for k, p in params.items()}
     for p in params.values():
         p.grad = None
     return grads
@@ -591,10 +599,12 @@ def expected_gradient(model, task, max_outcomes: int = 2_000_000, loss: str = "c
     return weighted_gradient(model, task.model_inputs(s), s.targets, prob, loss=loss, layout=Layout.from_task(task))
 
 
-def sampled_gradient(model, task, n: int, seed: int, loss: str = "ce") -> dict[str, torch.Tensor]:
+def sampled_gradient(model, task, n: int, seed: int, loss: str = "ce",
+                     device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
     """The mean gradient over n sampled sequences (a Monte-Carlo estimate)."""
     s = task.sample(n, seed)
-    return weighted_gradient(model, task.model_inputs(s), s.targets, loss=loss, layout=Layout.from_task(task))
+    return weighted_gradient(model, task.model_inputs(s), s.targets, loss=loss, layout=Layout.from_task(task),
+                             device=device)
 
 
 def outside_fraction(basis: IMIRBasis, grads: Mapping[str, torch.Tensor]) -> float:

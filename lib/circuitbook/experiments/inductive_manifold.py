@@ -35,7 +35,7 @@ import torch
 from ..analysis import imir
 from ..tasks.base import Batch, FixedDataset
 from ..tasks.blocklist import KINDS, BlockListTask, rejection_rate, symmetry_test
-from ..train import Run, TrainConfig, _tensor_digest, train
+from ..train import Run, TrainConfig, _tensor_digest, default_device, train
 
 
 def set_threads(n: int | None) -> int:
@@ -166,7 +166,7 @@ class DistanceProbe:
     @torch.no_grad()
     def __call__(self, ens, step: int) -> dict:
         K = ens.n_members
-        dist = torch.tensor([imir.distance_to_s(self.basis, {n: p[k] for n, p in ens.params.items()})
+        dist = torch.tensor([imir.distance_to_s(self.basis, {n: p[k].detach().cpu() for n, p in ens.params.items()})
                              for k in range(K)])
         out = {"distance_to_s": dist}
         if self.pool is not None:
@@ -237,12 +237,12 @@ def recall_pools(task: BlockListTask, n: int, seed: int = 12345) -> dict[str, Ba
 def member_weights(ens, basis: imir.IMIRBasis, k: int) -> dict[str, torch.Tensor]:
     """(W_QK per layer, W_U) of ensemble member k, for a ToyTransformer or an IMIRModel ensemble."""
     if "phi" in ens.params:
-        D = ens.buffers["directions"][k].double()
-        phi = ens.params["phi"][k].detach().double()
+        D = ens.buffers["directions"][k].detach().double().cpu()
+        phi = ens.params["phi"][k].detach().double().cpu()
         theta = D * phi if D.dim() == 1 else D @ phi
         return basis.weights(theta)
     names = [f"blocks.{l}.attn.W_QK" for l in range(basis.n_layers)] + ["unembed.W_U"]
-    return {n: ens.params[n][k].detach().double() for n in names}
+    return {n: ens.params[n][k].detach().double().cpu() for n in names}
 
 
 class Probe:
@@ -386,7 +386,7 @@ def icl_gradient(model: imir.IMIRModel, task: BlockListTask, n: int, seed: int,
     for d in icl:
         if d not in names:
             raise ValueError(f"icl_gradient: direction {d!r} is not one of the model's {names}")
-    g = imir.sampled_gradient(model, task, n, seed, loss=loss)["phi"]
+    g = imir.sampled_gradient(model, task, n, seed, loss=loss, device=default_device())["phi"]
     idx = [names.index(d) for d in icl]
     return float(g[idx].norm())
 
@@ -665,6 +665,35 @@ def init_design(grid: Sequence[float], base: float, jitter: float, seed: int = 0
     return df
 
 
+class CircuitProbe:
+    """evaluate(ens, step) for an ensemble of restricted IMIRModels: accuracy on a pool of the whole model
+    and of each circuit alone (every direction outside it set to zero), per member."""
+
+    def __init__(self, pool: Batch, circuits: Mapping[str, Sequence[str]]):
+        self.pool, self.circuits = pool, {k: tuple(v) for k, v in circuits.items()}
+
+    def spec(self) -> dict:
+        return {"circuit_probe": self.circuits, "pool": _tensor_digest(self.pool.tokens, self.pool.labels)}
+
+    @torch.no_grad()
+    def __call__(self, ens, step: int) -> dict:
+        names = ens.member(0).direction_names
+        phi = ens.params["phi"]
+        out = {"acc_icl": self._accuracy(ens)}
+        try:  # every member at once: the ensemble's phi is swapped for a masked copy, then restored
+            for c, dirs in self.circuits.items():
+                mask = torch.tensor([n in dirs for n in names], dtype=phi.dtype, device=phi.device)
+                ens.params["phi"] = phi.detach() * mask
+                out[f"solo_{c}"] = self._accuracy(ens)
+        finally:
+            ens.params["phi"] = phi
+        return out
+
+    def _accuracy(self, ens) -> torch.Tensor:
+        pred = ens.logits(self.pool.tokens, last_only=True)[:, :, -1].argmax(-1)
+        return (pred == self.pool.labels).float().mean(-1)
+
+
 def train_init_ensemble(task: BlockListTask, design: pd.DataFrame, steps: int, lr: float, batch: int, eval_every: int,
                         pool_size: int, name: str = "inductive_manifold/im5") -> Run:
     """One ensemble: the 3-layer model restricted to the seven circuit directions, each member started
@@ -673,8 +702,7 @@ def train_init_ensemble(task: BlockListTask, design: pd.DataFrame, steps: int, l
     basis = imir.IMIRBasis.concatenated(layout, 3, 1)
     dirs = three_layer_directions(basis)
     table = {int(r.member_seed): {d: getattr(r, d) for d in dirs} for r in design.itertuples()}
-    pools = recall_pools(task, pool_size)
-    probe = Probe(basis, dirs, {"icl": pools["icl"]})
+    probe = CircuitProbe(recall_pools(task, pool_size)["icl"], CIRCUITS)
     tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(int(s) for s in design.member_seed), lr=lr,
                      optimizer="sgd", eval_every=eval_every, log_checkpoints=0)
     return train(name, imir.IMIRConfig.with_directions(layout, dirs, n_layers=3), task, tc, evaluate=probe,
@@ -683,32 +711,36 @@ def train_init_ensemble(task: BlockListTask, design: pd.DataFrame, steps: int, l
 
 @torch.no_grad()
 def circuit_accuracy(model: imir.IMIRModel, pool: Batch, keep: Sequence[str]) -> float:
-    """Accuracy with every direction outside `keep` set to zero."""
-    m = with_direction(model, model.direction_names[0], float(model.phi[0]))
-    for i, name in enumerate(m.direction_names):
+    """Accuracy with every direction outside `keep` set to zero (the model is left unchanged)."""
+    saved = model.phi.detach().clone()
+    for i, name in enumerate(model.direction_names):
         if name not in keep:
-            m.phi[i] = 0.0
-    pred = m(pool.tokens, last_only=True)[:, -1].argmax(-1)
+            model.phi[i] = 0.0
+    pred = model(pool.tokens, last_only=True)[:, -1].argmax(-1)
+    model.phi.copy_(saved)
     return float((pred == pool.labels).float().mean())
 
 
-def winners(run: Run, pool: Batch, min_acc: float, margin: float) -> pd.DataFrame:
-    """Per member: the accuracy of each circuit alone at the end of training and the winner (the best
-    circuit, if it reaches min_acc and beats the runner-up by `margin`; else 'none' or 'mixed')."""
+def winners(run: Run, min_acc: float) -> pd.DataFrame:
+    """Per member: the circuit whose accuracy *alone* first reaches min_acc during training (the circuit that
+    forms the induction head first); 'mixed' when two reach it at the same evaluation, 'none' when none does.
+    Later the other circuits may grow too: cross-entropy keeps rewarding every working circuit."""
+    m = run.metrics()
+    cross = {c: crossing_steps(m, f"solo_{c}", min_acc) for c in CIRCUITS}
+    last = m[m.step == m.step.max()].set_index("member")
     rows = []
     for k in range(run.n_members):
-        model = run.model(k)
-        accs = {c: circuit_accuracy(model, pool, dirs) for c, dirs in CIRCUITS.items()}
-        order = sorted(accs, key=accs.get, reverse=True)
-        best, second = order[0], order[1]
-        if accs[best] < min_acc:
+        t = {c: float(cross[c].get(k, np.nan)) for c in CIRCUITS}
+        done = sorted((v, c) for c, v in t.items() if not math.isnan(v))
+        if not done:
             winner = "none"
-        elif accs[best] - accs[second] < margin:
+        elif len(done) > 1 and done[1][0] == done[0][0]:
             winner = "mixed"
         else:
-            winner = best
-        rows.append({"member_seed": run.train_config.seeds[k], **{f"acc {c}": a for c, a in accs.items()},
-                     "winner": winner, **{f"final {d}": float(model.phi[i]) for i, d in enumerate(model.direction_names)}})
+            winner = done[0][1]
+        rows.append({"member_seed": run.train_config.seeds[k], "winner": winner,
+                     **{f"step {c}": t[c] for c in CIRCUITS},
+                     **{f"final solo {c}": float(last.loc[k, f"solo_{c}"]) for c in CIRCUITS}})
     return pd.DataFrame(rows)
 
 
@@ -818,15 +850,16 @@ def coordinates_of(run: Run, member: int, layout: imir.Layout) -> torch.Tensor:
 class CoordinateEvaluator:
     """Held-out loss and accuracy of the theory's model at given flat IMIR coordinates (float64)."""
 
-    def __init__(self, layout: imir.Layout, n_layers: int, pool: Batch):
+    def __init__(self, layout: imir.Layout, n_layers: int, pool: Batch, device: str | torch.device | None = None):
         cfg = imir.IMIRConfig(layout.token_classes, layout.association, layout.seq_len, n_layers=n_layers)
-        self.model = cfg.build(seed=None).double()
+        self.device = torch.device(device) if device is not None else default_device()
+        self.model = cfg.build(seed=None).double().to(self.device)
         self.scale = 1.0 / self.model.directions.double()  # phi = theta * ||basis element||
-        self.pool = pool
+        self.pool = Batch(pool.tokens.to(self.device), pool.labels.to(self.device))
 
     @torch.no_grad()
     def __call__(self, theta: torch.Tensor) -> tuple[float, float]:
-        self.model.phi.copy_(theta.double() * self.scale)
+        self.model.phi.copy_(theta.double().to(self.device) * self.scale)
         logits = self.model(self.pool.tokens, last_only=True)[:, -1]
         logp = logits.log_softmax(-1)
         loss = float(-logp.gather(-1, self.pool.labels[:, None]).mean())
@@ -835,12 +868,12 @@ class CoordinateEvaluator:
 
     def gradient(self, theta: torch.Tensor) -> torch.Tensor:
         """d loss / d theta at theta (for ranking removals to first order)."""
-        th = theta.double().clone().requires_grad_(True)
+        th = theta.double().to(self.device).clone().requires_grad_(True)
         with torch.enable_grad():
             logits = _forward_with_phi(self.model, th * self.scale, self.pool.tokens)
             loss = -logits.log_softmax(-1).gather(-1, self.pool.labels[:, None]).mean()
             (g,) = torch.autograd.grad(loss, th)
-        return g.detach()
+        return g.detach().cpu()
 
 
 def _forward_with_phi(model: imir.IMIRModel, phi: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
