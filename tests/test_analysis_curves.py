@@ -64,3 +64,13 @@ def test_threshold_needs_every_larger_value_to_generalize():
     lucky = curves.threshold([0.1, 0.2, 0.3, 0.4], [0.0, 0.95, 0.5, 1.0], 0.9)
     assert lucky == pytest.approx(0.3 + 0.1 * 0.4 / 0.5)
     assert math.isnan(curves.threshold([0.1, 0.2, 0.3], [0.95, 1.0, 0.5], 0.9))
+
+
+def test_half_way_step():
+    steps = np.arange(0, 10001, 100)
+    assert curves.half_way_step(steps, np.interp(steps, [4000, 5000], [0.2, 0.8])) == pytest.approx(4500)
+    # a swing of noise before the rise wins the steepest window but not the half-way crossing
+    noisy = np.interp(steps, [4000, 5000], [0.0, 0.6]) + np.where(steps == 1000, -0.3, 0.0)
+    assert curves.steepest_rise(steps, noisy, window=100)[0] == pytest.approx(1050)
+    assert curves.half_way_step(steps, noisy) == pytest.approx(4500)
+    assert math.isnan(curves.half_way_step(steps, np.interp(steps, [4000, 5000], [0.8, 0.2])))

@@ -551,3 +551,11 @@ def test_phase_records_say_why_when_nothing_was_detected():
     assert rec["aa2_jump_step"][1] == ea.NO_JUMP and rec["aa2_qk_lag_windows"][1] == ea.NO_JUMP
     assert rec["aa1_zero_var_acc_at_var_half"][1] == "the variable accuracy never reached 0.5"
     assert rec["aa3_refine_step"][1] == ea.NO_REFINEMENT and rec["aa3_refine_rise"][1] == ea.NO_JUMP
+
+
+def test_circuit_emergence_ignores_noise_before_the_rise():
+    m = synthetic_metrics()
+    m.loc[m.step == 2000, "qk_identity"] = -0.2  # a swing before the rise
+    m.loc[m.step == 2100, "qk_identity"] = 0.2
+    ph = ea.detect_phases(m, window=1000)
+    assert ph.qk_step == pytest.approx(5600) and ph.jump_step == pytest.approx(5600)

@@ -33,6 +33,17 @@ def crossing_step(steps, values, level: float) -> float:
     return float(x0 + (level - y0) / (y1 - y0) * (x1 - x0))
 
 
+def half_way_step(steps, values) -> float:
+    """First step at which the curve has covered half of its change from its first value to its last
+    (interpolated); NaN for a curve that does not end above where it starts. Where a measure rises
+    once but fluctuates before it does, this is steadier than the steepest rise, which a swing of the
+    noise can win."""
+    x, y = _curve(steps, values)
+    if not y[-1] > y[0]:
+        return float("nan")
+    return crossing_step(x, y, y[0] + 0.5 * (y[-1] - y[0]))
+
+
 def value_at(steps, values, step: float) -> float:
     """The curve's value at `step` (linear interpolation; NaN for a NaN step)."""
     if np.isnan(step):

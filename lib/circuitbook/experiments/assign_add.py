@@ -469,9 +469,9 @@ class Phases:
     jump_step: float  # centre of the window of steepest rise of the variable accuracy
     jump_rise: float  # its rise
     jump_share: float  # its rise / the variable accuracy's whole rise (final - first)
-    qk_step: float  # centre of the steepest rise of the layer-2 QK identity cosine
-    bound_step: float  # centre of the steepest rise of `=`'s attention to the bound value(s)
-    routing_step: float  # centre of the steepest rise of the layer-1 previous-token score (prerequisite)
+    qk_step: float  # the layer-2 QK identity cosine is half-way from its first to its last value
+    bound_step: float  # `=`'s attention to the bound value(s) is half-way
+    routing_step: float  # the layer-1 previous-token score is half-way (a prerequisite)
     refine_step: float  # centre of the steepest rise of the hard-case accuracy after the jump
     refine_rise: float
     window: float
@@ -497,9 +497,11 @@ def detect_phases(metrics: pd.DataFrame, member: int = 0, window: float | None =
     - jump: centre of the `window` of steepest rise of the variable accuracy (mean of the 1-var
       and 2-var training pools, `VAR_POOLS`); `jump_share` is that rise over the curve's whole
       rise (a sharp jump does most of its learning within one window);
-    - the circuit (AA-2): centres of the windows of steepest rise of the layer-2 QK identity
-      cosine (`qk_identity`) and of `=`'s attention to the bound value(s) (mean of `bound_1var`
-      and `bound_2var`); the layer-1 previous-token score (`routing`) likewise, for comparison;
+    - the circuit (AA-2): the steps at which the layer-2 QK identity cosine (`qk_identity`) and
+      `=`'s attention to the bound value(s) (mean of `bound_1var` and `bound_2var`) have covered
+      half of their change over the run (`analysis.curves.half_way_step`: a measure that
+      fluctuates before it rises would hand the steepest-rise rule a swing of its noise); the
+      layer-1 previous-token score (`routing`) likewise, for comparison;
     - refinement: centre of the window of steepest rise of the hard-case accuracy (mean of the
       var-restricted pools, `HARD_POOLS`) among windows that start after the jump's window.
     A jump or refinement whose rise is below `min_rise` is not detected (NaN); without a jump
@@ -523,10 +525,10 @@ def detect_phases(metrics: pd.DataFrame, member: int = 0, window: float | None =
     if not jump_rise >= min_rise:
         jump = float("nan")
 
-    def rise_of(columns):
+    def half_way(columns):
         if not all(c in m for c in columns):
             return float("nan")
-        return curves.steepest_rise(steps, m[list(columns)].mean(axis=1).to_numpy(), window)[0]
+        return curves.half_way_step(steps, m[list(columns)].mean(axis=1).to_numpy())
 
     refine, refine_rise = (curves.steepest_rise(steps, hard, window, after=jump + window / 2)
                            if not math.isnan(jump) else (float("nan"), float("nan")))
@@ -535,8 +537,8 @@ def detect_phases(metrics: pd.DataFrame, member: int = 0, window: float | None =
     return Phases(addition_step=curves.crossing_step(steps, zero, level), variable_step=variable_step,
                   var_half_step=var_half, zero_at_var_half=curves.value_at(steps, zero, var_half),
                   jump_step=jump, jump_rise=jump_rise, jump_share=jump_share,
-                  qk_step=rise_of(["qk_identity"]), bound_step=rise_of(["bound_1var", "bound_2var"]),
-                  routing_step=rise_of(["routing"]), refine_step=refine, refine_rise=refine_rise,
+                  qk_step=half_way(["qk_identity"]), bound_step=half_way(["bound_1var", "bound_2var"]),
+                  routing_step=half_way(["routing"]), refine_step=refine, refine_rise=refine_rise,
                   window=window)
 
 
