@@ -1,16 +1,19 @@
-"""K members trained as one ensemble vs the same K runs one after another.
+"""K members trained as one ensemble, in the chunks train() chooses, and one after another.
 
     python benchmarks/ensemble.py                       # both settings, K = 8
     python benchmarks/ensemble.py --setting markov --steps 200 --repeats 5
 
-Both arms call `circuitbook.train` exactly as a notebook would: arm "ensemble"
-once with seeds (0..K-1), arm "sequential" K times with one seed each. Every
-call gets a fresh empty $CIRCUITBOOK_RUNS, so nothing is cached between arms.
+Every arm calls `circuitbook.train` exactly as a notebook would: arm "ensemble"
+once with seeds (0..K-1) and chunk="all", arm "chunked" once with the chunk size
+that train()'s calibration chooses on this machine (`calibrate` + `best_chunk`,
+measured here before the race), arm "sequential" K times with one seed each.
+Every call gets a fresh empty $CIRCUITBOOK_RUNS, so nothing is cached between arms.
 Wall time covers the whole call (model construction, data, the loop, the
 first and last checkpoint); `loop` is the trainer's own `train_seconds` (the
-step loop only). Arms alternate (E S, S E, ...) and medians are reported.
-The final weights and losses of the two arms are compared member by member:
-same seeds, so they must agree up to float rounding, else the race is unfair.
+step loop only, summed over parts). Arms rotate (E C S, S C E, ...) and medians
+are reported. The final weights and losses of every arm are compared member by
+member with the sequential runs: same seeds, so they must agree up to float
+rounding, else the race is unfair.
 Writes benchmarks/results/ensemble.json and ensemble.txt.
 """
 from __future__ import annotations
@@ -29,7 +32,8 @@ import circuitbook as cb
 import common
 from circuitbook.tasks.assign_add import AssignAddTask
 from circuitbook.tasks.base import Batch, step_generator
-from circuitbook.train import Ensemble, Optimizer, per_member_loss
+from circuitbook.train import (LOCAL_PART_OVERHEAD_S, Ensemble, Optimizer, RunSpec, best_chunk, calibrate,
+                               chunk_candidates, per_member_loss)
 
 # Batched and single matmuls round differently; Adam's normalised step lets that drift grow a little with steps.
 TOLERANCE = {"loss": 1e-4, "weight": 1e-2}
@@ -70,13 +74,14 @@ SETTINGS = {
     "assign_add": dict(
         model=cb.ToyConfig(d_vocab=74, n_ctx=16, d_model=128, n_layers=2, n_heads=1, d_mlp=512,
                            mlp=(False, True), bias=False, d_vocab_out=59),
-        task=AssignAddTask, batch_size=512, steps=8),
+        task=AssignAddTask, batch_size=512, steps=24),
 }
 
 
-def run_arm(arm: str, setting: dict, task, steps: int, members: int, tmp: str) -> dict:
+def run_arm(arm: str, setting: dict, task, steps: int, members: int, tmp: str, chunk: int = 1) -> dict:
     """Train K members one way in a fresh store; return wall and loop seconds and the runs."""
-    seed_groups = [tuple(range(members))] if arm == "ensemble" else [(s,) for s in range(members)]
+    seed_groups = [(s,) for s in range(members)] if arm == "sequential" else [tuple(range(members))]
+    how = {"ensemble": "all", "chunked": chunk, "sequential": "all"}[arm]
     root = tempfile.mkdtemp(prefix=f"{arm}-", dir=tmp)
     os.environ["CIRCUITBOOK_RUNS"] = root
     t0, c0 = time.perf_counter(), time.process_time()
@@ -84,7 +89,7 @@ def run_arm(arm: str, setting: dict, task, steps: int, members: int, tmp: str) -
     for seeds in seed_groups:
         tc = cb.TrainConfig(steps=steps, batch_size=setting["batch_size"], seeds=seeds, lr=1e-3,
                             weight_decay=0.1, eval_every=steps, log_checkpoints=0)
-        out.append(cb.train(f"bench_{arm}", setting["model"], task, tc, progress=False))
+        out.append(cb.train(f"bench_{arm}", setting["model"], task, tc, progress=False, chunk=how))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     loop = sum(r.manifest["train_seconds"] for r in out)
     return {"wall": wall, "cpu": cpu, "loop": loop, "runs": out}
@@ -139,29 +144,46 @@ def agreement(ens: cb.Run, seq: list[cb.Run]) -> dict:
             "final_loss_ensemble": loss_e, "final_loss_sequential": loss_s}
 
 
+def choose(setting: dict, task, steps: int, members: int) -> tuple[int, dict]:
+    """The chunk size train() would choose here for this run: calibrated step times, then best_chunk."""
+    tc = cb.TrainConfig(steps=steps, batch_size=setting["batch_size"], seeds=tuple(range(members)))
+    spec = RunSpec(None, {}, setting["model"], [task] * members, tc)
+    times = calibrate(spec, chunk_candidates(members), torch.device("cpu"))
+    return best_chunk(members, steps, times, 1, LOCAL_PART_OVERHEAD_S), times
+
+
+ARMS = ("ensemble", "chunked", "sequential")
+
+
 def bench(name: str, steps: int, members: int, repeats: int, tmp: str) -> dict:
     setting = SETTINGS[name]
     task = setting["task"]()
     steps = steps or setting["steps"]
     load_start = os.getloadavg()[0]
-    for arm in ("ensemble", "sequential"):  # warm up kernels, imports, allocator
-        run_arm(arm, setting, task, 2, members, tmp)
-    times, last = {"ensemble": [], "sequential": []}, {}
+    chunk, step_s = choose(setting, task, steps, members)
+    print(f"  [{name}] calibration (s per step by chunk size): "
+          + ", ".join(f"{c}: {t:.4f}" for c, t in step_s.items()) + f" -> chunk {chunk}", flush=True)
+    for arm in ARMS:  # warm up kernels, imports, allocator
+        run_arm(arm, setting, task, 2, members, tmp, chunk)
+    times, last = {arm: [] for arm in ARMS}, {}
     for rep in range(repeats):
-        order = ("ensemble", "sequential") if rep % 2 == 0 else ("sequential", "ensemble")
-        for arm in order:
-            r = run_arm(arm, setting, task, steps, members, tmp)
+        order = ARMS[rep % 3:] + ARMS[:rep % 3]
+        for arm in (order if rep % 2 == 0 else order[::-1]):
+            r = run_arm(arm, setting, task, steps, members, tmp, chunk)
             times[arm].append({k: r[k] for k in ("wall", "cpu", "loop")})
             last[arm] = r
-        print(f"  [{name}] rep {rep + 1}/{repeats}: ensemble {times['ensemble'][-1]['wall']:.2f}s, "
-              f"sequential {times['sequential'][-1]['wall']:.2f}s", flush=True)
+        print(f"  [{name}] rep {rep + 1}/{repeats}: " + ", ".join(f"{a} {times[a][-1]['wall']:.2f}s" for a in ARMS),
+              flush=True)
     agree = agreement(last["ensemble"]["runs"][0], last["sequential"]["runs"])
+    agree_chunked = agreement(last["chunked"]["runs"][0], last["sequential"]["runs"])
     costs = step_costs(setting, task, members)
     med = {arm: {k: statistics.median(t[k] for t in ts) for k in ("wall", "cpu", "loop")} for arm, ts in times.items()}
     return {
         "setting": name, "model": setting["model"].to_dict(), "task": task.spec(),
         "batch_size": setting["batch_size"], "steps": steps, "members": members, "repeats": repeats,
-        "times_s": times, "median_s": med,
+        "times_s": times, "median_s": med, "chosen_chunk": chunk, "calibration_step_s": step_s,
+        "ratio_wall_chunked": med["sequential"]["wall"] / med["chunked"]["wall"],
+        "agreement_chunked": agree_chunked,
         "ratio_wall": med["sequential"]["wall"] / med["ensemble"]["wall"],
         "ratio_loop": med["sequential"]["loop"] / med["ensemble"]["loop"],
         "ratio_cpu": med["sequential"]["cpu"] / med["ensemble"]["cpu"],
@@ -171,16 +193,24 @@ def bench(name: str, steps: int, members: int, repeats: int, tmp: str) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    lines = [f"{'setting':<11} {'K':>2} {'steps':>5}  {'ensemble s':>10} {'sequential s':>12} {'ratio':>6}"
-             f"  {'loop':>6} {'cpu':>6}  {'ms/member-step E|S':>18}  {'max |dw|':>8} {'max |dloss|':>11} {'same':>4}"]
+    lines = [f"{'setting':<11} {'K':>2} {'steps':>5} {'chunk':>5}  {'ensemble s':>10} {'chunked s':>9} {'sequential s':>12}"
+             f"  {'S/E':>6} {'S/C':>6}  {'loop S/C':>8} {'cpu S/C':>7}  {'ms/member-step E|C|S':>22}  {'max |dw| E|C':>15}"
+             f" {'same':>4}"]
     for r in results:
-        m, a = r["median_s"], r["agreement"]
+        m, a, ac = r["median_s"], r["agreement"], r["agreement_chunked"]
         ms = r["ms_per_member_step"]
-        lines.append(f"{r['setting']:<11} {r['members']:>2} {r['steps']:>5}  {m['ensemble']['wall']:>10.2f} "
-                     f"{m['sequential']['wall']:>12.2f} {r['ratio_wall']:>5.2f}x  {r['ratio_loop']:>5.2f}x "
-                     f"{r['ratio_cpu']:>5.2f}x  "
-                     f"{ms['ensemble']:>8.1f} | {ms['sequential']:<7.1f}  {a['max_abs_weight_diff']:>8.1e} "
-                     f"{a['max_abs_final_loss_diff']:>11.1e} {'yes' if a['agree'] else 'NO':>4}")
+        loop = m["sequential"]["loop"] / m["chunked"]["loop"]
+        cpu = m["sequential"]["cpu"] / m["chunked"]["cpu"]
+        lines.append(f"{r['setting']:<11} {r['members']:>2} {r['steps']:>5} {r['chosen_chunk']:>5}  "
+                     f"{m['ensemble']['wall']:>10.2f} {m['chunked']['wall']:>9.2f} {m['sequential']['wall']:>12.2f}  "
+                     f"{r['ratio_wall']:>5.2f}x {r['ratio_wall_chunked']:>5.2f}x  {loop:>7.2f}x {cpu:>6.2f}x  "
+                     f"{ms['ensemble']:>6.1f} | {ms['chunked']:>5.1f} | {ms['sequential']:<6.1f}  "
+                     f"{a['max_abs_weight_diff']:>6.1e} | {ac['max_abs_weight_diff']:>6.1e} "
+                     f"{'yes' if a['agree'] and ac['agree'] else 'NO':>4}")
+    lines += ["", "calibration (s per step of a chunk of c members, the fastest of 3) -> the chunk train() chooses"]
+    for r in results:
+        lines.append(f"{r['setting']:<11} " + ", ".join(f"c={c}: {t:.4f}" for c, t in r["calibration_step_s"].items())
+                     + f" -> {r['chosen_chunk']}")
     lines += ["", "bare step (no data or logging), median ms; overhead share = K=1 at batch 1 / K=1 at full batch",
               f"{'setting':<11} {'clock':<5} {'K=1 b=1':>8} {'K=K b=1':>8} {'K=1 full':>9} {'K=K full':>9}"
               f" {'step ratio':>10} {'overhead share':>14}"]
@@ -211,8 +241,8 @@ def main() -> None:
     text = table(results)
     print(text)
     common.write("ensemble", args.out, args, info, results,
-                 f"ratio = sequential / ensemble wall time (median of {args.repeats}); loop: the same for the "
-                 "step loop only; cpu: for process CPU time", text)
+                 f"S/E, S/C = sequential / ensemble and sequential / chunked wall time (median of {args.repeats}); "
+                 "loop: the same for the step loop only; cpu: for process CPU time", text)
 
 
 if __name__ == "__main__":

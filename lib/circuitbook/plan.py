@@ -23,7 +23,7 @@ import torch
 
 from . import params
 from .book import book_notebooks
-from .train import (MIN_CALIBRATED_RUN_S, PlannedRun, RunSpec, best_chunk, calibrate, chunk_candidates,
+from .train import (MIN_CALIBRATED_RUN_S, MIN_CALIBRATED_STEPS, PlannedRun, RunSpec, best_chunk, calibrate, chunk_candidates,
                     count_parameters, default_device, device_name, planning, step_flops, LOCAL_PART_OVERHEAD_S)
 
 
@@ -200,7 +200,7 @@ def cost(run: PlannedRun, device: torch.device) -> RunCost:
     K = run.n_members
     whole = calibrate(spec, [K], device, repeats=3)[K]
     chunk, per_step = K, whole
-    if K > 1 and steps * whole >= MIN_CALIBRATED_RUN_S and not getattr(run.model_config, "dropout", 0):
+    if K > 1 and steps * whole >= MIN_CALIBRATED_RUN_S and steps >= MIN_CALIBRATED_STEPS and not getattr(run.model_config, "dropout", 0):
         times = calibrate(spec, chunk_candidates(K), device)
         chunk = best_chunk(K, steps, times, 1, LOCAL_PART_OVERHEAD_S)
         per_step = times[chunk] * math.ceil(K / chunk)

@@ -645,6 +645,7 @@ class _Trainer:
 
 CHUNK_ENV = "CIRCUITBOOK_CHUNK"
 MIN_CALIBRATED_RUN_S = 60.0  # a run estimated shorter than this trains as one ensemble, uncalibrated
+MIN_CALIBRATED_STEPS = 200  # ... and so does one of fewer steps (calibrating costs about 8 steps of the whole run)
 CALIBRATION_REPEATS = 3  # timed steps per chunk size (after one warm-up); the fastest counts
 LOCAL_PART_OVERHEAD_S = 0.5  # per extra part in one process: its own ensemble, first evaluation, files
 
@@ -736,8 +737,8 @@ def choose_chunk(spec: RunSpec, requested=None, device: torch.device | None = No
         return K
     device = device or default_device()
     whole = calibrate(spec, [K], device, repeats=2)[K]
-    if spec.tc.steps * whole < MIN_CALIBRATED_RUN_S:
-        return K
+    if spec.tc.steps * whole < MIN_CALIBRATED_RUN_S or spec.tc.steps < MIN_CALIBRATED_STEPS:
+        return K  # too short for the calibration (a few steps at each size) to pay for itself
     from . import cluster
 
     workers, overhead = (cluster.worker_slots(), cluster.TASK_OVERHEAD_S) if cluster.active() else (1, LOCAL_PART_OVERHEAD_S)
@@ -769,11 +770,16 @@ def calibrate(spec: RunSpec, sizes: Sequence[int], device: torch.device, repeats
     have = _calibrations.setdefault(key, {})
     todo = [c for c in sizes if c not in have]
     if todo:
-        steps = {c: _step_fn(spec, c, device) for c in todo}
         best = {c: float("inf") for c in todo}
+        steps = {}
+        for c in todo:
+            try:
+                steps[c] = _step_fn(spec, c, device)
+            except torch.cuda.OutOfMemoryError:  # a chunk too big for this device is never chosen
+                torch.cuda.empty_cache()
         for _ in range(repeats):
-            for c in todo:
-                best[c] = min(best[c], steps[c]())
+            for c, step in steps.items():
+                best[c] = min(best[c], step())
         have.update(best)
     return {c: have[c] for c in sizes}
 
