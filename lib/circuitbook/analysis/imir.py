@@ -36,13 +36,11 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Iterable, Mapping, Sequence
 
-import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 COMMON, RARE, FILL, BOS = 0, 1, 2, 3
 CLASS_NAMES = {COMMON: "common", RARE: "rare", FILL: "fill", BOS: "bos"}

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -66,12 +65,14 @@ def example_table(tasks: Mapping[str, BlockListTask], n: int, seed: int) -> pd.D
 
 
 def pvalue_table(cases: Mapping[str, tuple[BlockListTask, str]], n: int, reps: int, first_seed: int = 0) -> pd.DataFrame:
-    """p-values of `reps` symmetry tests for each named (task, transform)."""
+    """p-values of `reps` symmetry tests for each named (task, transform): the combined p-value and,
+    in columns p_<feature>, the p-value of every feature's chi-square test."""
     rows = []
     for name, (task, transform) in cases.items():
         for r in range(reps):
-            p = symmetry_test(task, transform, n, first_seed + r)["p_value"]
-            rows.append({"case": name, "rep": r, "p_value": p})
+            res = symmetry_test(task, transform, n, first_seed + r)
+            rows.append({"case": name, "rep": r, "p_value": res["p_value"],
+                         **{f"p_{f}": p for f, p in res["feature_p_values"].items()}})
     return pd.DataFrame(rows)
 
 
@@ -993,12 +994,13 @@ def finds_two_hop_circuit(names_alive: Sequence[str]) -> bool:
 
 
 def circuit_graph(table: pd.DataFrame, n_layers: int):
-    """A networkx DiGraph of the surviving circuit: nodes 'emb', 'L{l}H{h}', 'out'; an edge from the
-    last head of each key and query path into the head whose coordinate survived (labelled with the
-    selection and the side), and from the last head of each readout path to 'out'."""
+    """A networkx MultiDiGraph of the surviving circuit: nodes 'emb', 'L{l}H{h}', 'out'; an edge from the last
+    head of each key and query path into the head whose coordinate survived, and from the last head of each
+    readout path to 'out'. Edges between two nodes are merged per kind (key 'core' or 'aiding'), their label
+    listing the side (q: query, k: key) and selection of every coordinate they carry."""
     import networkx as nx
 
-    G = nx.DiGraph()
+    G = nx.MultiDiGraph()
     G.add_node("emb", layer=0)
     for l in range(1, n_layers + 1):
         G.add_node(f"L{l}H0", layer=l)
@@ -1007,15 +1009,43 @@ def circuit_graph(table: pd.DataFrame, n_layers: int):
     def last(path: str) -> str:
         return "emb" if path == "emb" else path.split(">")[-1]
 
+    def add(src: str, dst: str, kind: str, label: str) -> None:
+        if G.has_edge(src, dst, key=kind):
+            G.edges[src, dst, kind]["label"] += f", {label}"
+        else:
+            G.add_edge(src, dst, key=kind, label=label, aiding=kind == "aiding")
+
     for r in table.itertuples():
         parts = r.coordinate.split("|")
+        kind = "aiding" if bool(r.aiding) else "core"
         if parts[0] == "U":
-            G.add_edge(last(parts[1]), "out", label=parts[2], aiding=False)
+            add(last(parts[1]), "out", kind, parts[2])
             continue
         head, q, k, sel = parts
-        for side, path in (("q", q), ("k", k)):
-            src = last(path)
-            labels = G.edges[src, head]["label"] + f", {side}:{sel}" if G.has_edge(src, head) else f"{side}:{sel}"
-            G.add_edge(src, head, label=labels, aiding=bool(r.aiding) or G.edges[src, head].get("aiding", False)
-                       if G.has_edge(src, head) else bool(r.aiding))
+        add(last(q), head, kind, f"q:{sel}")
+        add(last(k), head, kind, f"k:{sel}")
     return G
+
+
+def draw_circuit(ax, G) -> None:
+    """Draw `circuit_graph`'s graph: nodes left to right by layer, edges as arcs under them labelled with
+    their selections; aiding edges dashed red on deeper arcs."""
+    import networkx as nx
+
+    pos = {n: (d["layer"], 0.0) for n, d in G.nodes(data=True)}
+    nx.draw_networkx_nodes(G, pos, ax=ax, node_color="#dddddd", node_size=1000)
+    nx.draw_networkx_labels(G, pos, ax=ax, font_size=8)
+    for kind, color, line, rad in (("core", "0.25", "solid", 0.3), ("aiding", "C3", "dashed", 0.55)):
+        edges = [(u, v, k) for u, v, k in G.edges(keys=True) if k == kind]
+        if not edges:
+            continue
+        style = f"arc3,rad={rad}"
+        nx.draw_networkx_edges(G, pos, edgelist=edges, ax=ax, connectionstyle=style, arrows=True, style=line,
+                               edge_color=color, node_size=1000, width=1.2)
+        nx.draw_networkx_edge_labels(G, pos, edge_labels={e: G.edges[e]["label"] for e in edges}, ax=ax,
+                                     connectionstyle=style, font_size=6, font_color=color,
+                                     bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+    span = max((abs(pos[v][0] - pos[u][0]) for u, v in G.edges()), default=1)
+    ax.set_xlim(-0.5, max(x for x, _ in pos.values()) + 0.5)
+    ax.set_ylim(-0.28 * span - 0.1, 0.2)
+    ax.axis("off")

@@ -46,7 +46,6 @@ The label is the target token (loss "last").
 """
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 
