@@ -103,9 +103,10 @@ def test_finds_two_hop_circuit_and_graph():
     G = im.circuit_graph(table, 3)
     assert set(G.nodes) == {"emb", "L1H0", "L2H0", "L3H0", "out"}
     assert G.has_edge("L2H0", "L3H0") and G.has_edge("L1H0", "L3H0") and G.has_edge("L3H0", "out")
-    assert G.edges["emb", "L3H0", "aiding"]["label"] == "q:I, k:I" and not G.has_edge("emb", "L3H0", "core")
-    assert G.edges["emb", "L1H0", "core"]["label"] == "q:pos1, k:pos1"
+    assert G.edges["emb", "L3H0", "aiding"]["label"] == "q:I; k:I" and not G.has_edge("emb", "L3H0", "core")
+    assert G.edges["emb", "L1H0", "core"]["label"] == "q:pos1; k:pos1"
     assert G.edges["L1H0", "L2H0", "core"]["label"] == "k:I" and G.edges["L3H0", "out", "core"]["label"] == "I"
+    assert im._compact(["I", "pos3", "pos1", "I", "C"]) == "I, C, pos1,3"
 
 
 def test_backward_elimination_keeps_a_planted_induction_circuit():

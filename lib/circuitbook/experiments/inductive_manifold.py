@@ -467,24 +467,65 @@ def train_suppression_sweep(n_pairs: int, n_rare: int, n_blocks: int, grid: Sequ
     return train(name, imir.IMIRConfig.with_directions(layout, dirs), tasks, tc, evaluate=probe), members
 
 
+QUERY_TYPES = {"rare": (1.0, 0.0), "canonical": (0.0, 0.0), "non-canonical": (0.0, 1.0)}  # (f_r, f_v) of each
+
+
+def type_weights(f_r: float, f_v: float) -> dict[str, float]:
+    """Probability of each kind of queried chain under (f_r, f_v)."""
+    return {"rare": f_r, "canonical": (1 - f_r) * (1 - f_v), "non-canonical": (1 - f_r) * f_v}
+
+
+def icl_gradient_vector(model: imir.IMIRModel, task: BlockListTask, n: int, seed: int, loss: str,
+                        icl: Sequence[str] = ("alpha", "beta", "gamma")) -> torch.Tensor:
+    """The mean loss gradient on the unit in-context directions over n sampled sequences."""
+    g = imir.sampled_gradient(model, task, n, seed, loss=loss, device=default_device())["phi"]
+    return g[[model.direction_names.index(d) for d in icl]]
+
+
+def type_gradients(n_pairs: int, n_rare: int, n_blocks: int, n_grad: int, seed: int, loss: str,
+                   p_learned: float = 0.99) -> tuple[dict, float]:
+    """The in-context gradient of the 2-layer model at alpha = beta = gamma = 0, for each kind of queried
+    chain alone (rare, canonical, non-canonical), with delta = 0 and with delta learned (`learned_delta`):
+    {(kind, 'delta = 0' | 'delta learned'): gradient vector}, and the learned delta.
+
+    The expected gradient of any mixture (f_r, f_v) is the mixture of these with the exact weights
+    (`type_weights`): sampling each kind separately removes the noise of a sample's random mix of kinds.
+    """
+    base = recall_task(n_pairs, n_blocks, f_v=0.0, f_r=0.0, n_rare=n_rare)
+    layout = imir.Layout.from_task(base)
+    basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+    model = imir.IMIRConfig.with_directions(layout, imir.two_layer_directions(basis)).build(0).double()
+    d = learned_delta(model, base, loss, p_learned)
+    out = {}
+    for kind, (fr, fv) in QUERY_TYPES.items():
+        task = base.with_knobs(f_r=fr, f_v=fv)
+        out[(kind, "delta = 0")] = icl_gradient_vector(model, task, n_grad, seed, loss)
+        out[(kind, "delta learned")] = icl_gradient_vector(with_direction(model, "delta", d), task, n_grad, seed, loss)
+    return out, d
+
+
 def suppression_law(grid: Sequence[tuple[float, float]], seeds: Sequence[int], n_pairs: int, n_rare: int,
                     n_blocks: int, n_grad: int, loss: str, p_learned: float = 0.99) -> pd.DataFrame:
-    """Theorem 2 at the start of in-context learning: for each (f_r, f_v) and sample seed, the
-    in-context gradient of the 2-layer model at alpha = beta = gamma = 0 with delta at its learned
-    value (`learned_delta`) over the same with delta = 0 (no in-weights circuit)."""
+    """Theorem 2 at the start of in-context learning: for each (f_r, f_v) and sample seed, the norm of the
+    expected in-context gradient with delta learned over the same with delta = 0 (no in-weights circuit),
+    each expectation the exact mixture of the per-kind gradients of `type_gradients`."""
     rows = []
-    for fr, fv in grid:
-        task = recall_task(n_pairs, n_blocks, f_v=fv, f_r=fr, n_rare=n_rare)
-        layout = imir.Layout.from_task(task)
-        basis = imir.IMIRBasis.concatenated(layout, 2, 1)
-        model = imir.IMIRConfig.with_directions(layout, imir.two_layer_directions(basis)).build(0).double()
-        d = learned_delta(model, task, loss, p_learned)
-        for seed in seeds:
-            g0 = icl_gradient(model, task, n_grad, seed=seed, loss=loss)
-            g1 = icl_gradient(with_direction(model, "delta", d), task, n_grad, seed=seed, loss=loss)
+    for seed in seeds:
+        per_kind, d = type_gradients(n_pairs, n_rare, n_blocks, n_grad, seed, loss, p_learned)
+        for fr, fv in grid:
+            w = type_weights(fr, fv)
+            g = {state: sum(w[k] * per_kind[(k, state)] for k in QUERY_TYPES) for state in ("delta = 0", "delta learned")}
             rows.append({"f_r": fr, "f_v": fv, "seed": seed, "loss": loss, "theory": float(theory_factor(fr, fv)),
-                         "measured": g1 / g0, "delta_learned": d})
+                         "measured": float(g["delta learned"].norm() / g["delta = 0"].norm()), "delta_learned": d})
     return pd.DataFrame(rows)
+
+
+def type_gradient_table(per_kind: Mapping[tuple, torch.Tensor]) -> pd.DataFrame:
+    """Norm of each kind's in-context gradient with delta = 0 and learned, relative to the canonical kind at delta = 0."""
+    ref = float(per_kind[("canonical", "delta = 0")].norm())
+    return pd.DataFrame([{"queried chain": kind, "delta = 0": float(per_kind[(kind, "delta = 0")].norm()) / ref,
+                          "delta learned": float(per_kind[(kind, "delta learned")].norm()) / ref}
+                         for kind in QUERY_TYPES])
 
 
 def relative_error(measured, theory) -> np.ndarray:
@@ -1009,22 +1050,33 @@ def circuit_graph(table: pd.DataFrame, n_layers: int):
     def last(path: str) -> str:
         return "emb" if path == "emb" else path.split(">")[-1]
 
-    def add(src: str, dst: str, kind: str, label: str) -> None:
-        if G.has_edge(src, dst, key=kind):
-            G.edges[src, dst, kind]["label"] += f", {label}"
-        else:
-            G.add_edge(src, dst, key=kind, label=label, aiding=kind == "aiding")
+    sides: dict[tuple, dict[str, list[str]]] = {}
+
+    def add(src: str, dst: str, kind: str, side: str, sel: str) -> None:
+        sides.setdefault((src, dst, kind), {}).setdefault(side, []).append(sel)
 
     for r in table.itertuples():
         parts = r.coordinate.split("|")
         kind = "aiding" if bool(r.aiding) else "core"
         if parts[0] == "U":
-            add(last(parts[1]), "out", kind, parts[2])
+            add(last(parts[1]), "out", kind, "", parts[2])
             continue
         head, q, k, sel = parts
-        add(last(q), head, kind, f"q:{sel}")
-        add(last(k), head, kind, f"k:{sel}")
+        add(last(q), head, kind, "q:", sel)
+        add(last(k), head, kind, "k:", sel)
+    for (src, dst, kind), by_side in sides.items():
+        G.add_edge(src, dst, key=kind, label="; ".join(side + _compact(sels) for side, sels in by_side.items()),
+                   aiding=kind == "aiding")
     return G
+
+
+def _compact(selections: Sequence[str]) -> str:
+    """['I', 'pos1', 'pos3', 'I'] -> 'I, pos1,3' (each selection once, shifts merged)."""
+    tokens = list(dict.fromkeys(s for s in selections if not s.startswith("pos")))
+    shifts = sorted({int(s[3:]) for s in selections if s.startswith("pos")})
+    if shifts:
+        tokens.append("pos" + ",".join(map(str, shifts)))
+    return ", ".join(tokens)
 
 
 def draw_circuit(ax, G) -> None:
@@ -1047,5 +1099,5 @@ def draw_circuit(ax, G) -> None:
                                      bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
     span = max((abs(pos[v][0] - pos[u][0]) for u, v in G.edges()), default=1)
     ax.set_xlim(-0.5, max(x for x, _ in pos.values()) + 0.5)
-    ax.set_ylim(-0.28 * span - 0.1, 0.2)
+    ax.set_ylim(-0.2 * span - 0.1, 0.2)
     ax.axis("off")
