@@ -28,6 +28,12 @@ def test_power_law_and_proportional_fits():
     assert im.proportional_fit(b, 0.3 * b + 1.0)["r2"] < 0.5  # an intercept is not proportionality
 
 
+def test_type_weights_mix_to_the_factor():
+    w = im.type_weights(0.2, 0.5)
+    assert w == {"rare": 0.2, "canonical": pytest.approx(0.4), "non-canonical": pytest.approx(0.4)}
+    assert w["rare"] + w["non-canonical"] == pytest.approx(im.theory_factor(0.2, 0.5))
+
+
 def test_factors_and_relative_error():
     assert im.theory_factor(0.2, 0.5) == pytest.approx(0.6)
     assert im.theory_factor(1.0, 0.0) == 1.0 and im.theory_factor(0.0, 0.0) == 0.0
@@ -195,3 +201,12 @@ def test_circuit_probe_matches_member_by_member_ablation():
             assert out[f"solo_{c}"][k].item() == pytest.approx(im.circuit_accuracy(model, pool, d))
     assert torch.equal(ens.params["phi"], before)  # restored
     assert out["solo_1->2"][0] > 0.9 and out["solo_2->3"][1] > 0.9 and out["solo_2->3"][0] < 0.5
+
+
+def test_type_gradients_known_answers():
+    per, d = im.type_gradients(8, 8, 2, 64, seed=0, loss="mse")
+    assert per[("canonical", "delta learned")].norm() < 1e-12  # solved in weights: no push left
+    assert torch.allclose(per[("rare", "delta learned")], per[("rare", "delta = 0")])  # delta never sees rare tokens
+    assert per[("non-canonical", "delta = 0")].norm() > 0
+    table = im.type_gradient_table(per)
+    assert table.set_index("queried chain").loc["canonical", "delta = 0"] == pytest.approx(1.0)
