@@ -402,6 +402,15 @@ def test_per_seed_exponents_and_fits_that_cannot_be_made():
     assert ac.fit_power_law_or_none([1, 2], [3, 4]) is None
 
 
+def test_column_values_per_seed():
+    df = pd.DataFrame({"sweep": ["a", "a", "b"], "exponent": [-1.0, None, 2.0], "text": ["x", "1.5", "y"]})
+    assert ac.column_values(df, "exponent", sweep="b") == [2.0]
+    out = ac.column_values(df, "exponent", sweep="a")
+    assert out[0] == -1.0 and math.isnan(out[1])
+    assert ac.column_values(df, "text")[1] == 1.5 and math.isnan(ac.column_values(df, "text")[0])
+    assert len(ac.column_values(df, "missing")) == 3 and math.isnan(ac.column_values(df, "missing")[0])
+
+
 def test_dimensions_are_numbers_never_nan():
     assert ac.dim_value(None) == math.inf and ac.dim_value(3) == 3.0
 

@@ -1192,6 +1192,17 @@ def grokking_summary(traj: pd.DataFrame, times: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def column_values(frame: pd.DataFrame, column: str, **where) -> list[float]:
+    """frame[column] as a list of floats (one per row, e.g. per seed), on the rows where every
+    `where` column equals its value; non-numbers become nan, and a missing column gives one nan per row."""
+    rows = frame
+    for key, value in where.items():
+        rows = rows[rows[key] == value]
+    if column not in rows:
+        return [float("nan")] * len(rows)
+    return [float(v) for v in pd.to_numeric(rows[column], errors="coerce")]
+
+
 def _num(x) -> float:
     return float("nan") if x is None or pd.isna(x) else float(x)
 
