@@ -315,3 +315,14 @@ def test_dropout_masks_differ_between_members_in_training_and_are_off_in_evaluat
         from circuitbook.models import config_to_dict
 
         config_to_dict(object())
+
+
+def test_the_model_class_module_is_part_of_the_code_version(runs_dir):
+    """Editing the module that defines a (non-toy) model must retrain its runs."""
+    from circuitbook import runs
+    from circuitbook.models import onehot
+
+    cfg = next(v for v in vars(onehot).values()
+               if isinstance(v, type) and hasattr(v, "build") and v.__module__ == onehot.__name__)
+    files = runs._package_sources(cfg.__new__(cfg))
+    assert [f.name for f in files] == ["onehot.py"]

@@ -415,7 +415,7 @@ def train(name: str, model, task, config: TrainConfig, *, evaluate: EvalFn | Non
         "evaluate": fingerprint(evaluate),
         "init_fn": fingerprint(init_fn),
         "fork_from": None if fork_from is None else {"run": fork_from[0].key, "step": fork_from[1]},
-        "code_version": runs.code_version([*tasks, evaluate, init_fn]),
+        "code_version": runs.code_version([*tasks, evaluate, init_fn, model]),  # model: its class's module
     }
     rundir = store.run_dir(name, full_config)
     if _planning is not None:
