@@ -202,6 +202,10 @@ def test_record_names_its_run(mini_book, runs_dir):
     assert context.current()["values"]["x"]["run"] == "bbb"
     claims.record("x", 1.0, run=None)
     assert context.current()["values"]["x"]["run"] is None
+    claims.record("x", 1.0, run=[FakeRun("aaa"), "bbb"])
+    assert context.current()["values"]["x"]["run"] == ["aaa", "bbb"]
+    with pytest.raises(ValueError, match="names no run"):
+        claims.record("x", 1.0, run=[])
 
 
 def test_record_rejects_bad_keys_and_values(mini_book, runs_dir):

@@ -85,8 +85,9 @@ def record(key: str, value, *, run=_AUTO, why: str | None = None, display: bool 
 
     value: a number, a str, or a list of numbers (one per seed: the scorecard judges the median).
     A NaN value means "could not be measured": say why (`why="no jump detected"`).
-    run: the Run (or run key) the value measured, None for a value that comes from no training
-    run. It may be left out only when the notebook used at most one run.
+    run: the Run (or run key) the value measured, a list of them for a value computed from several
+    runs, None for a value that comes from no training run. It may be left out only when the
+    notebook used at most one run.
     """
     if not isinstance(key, str) or not _IDENT.fullmatch(key):
         raise ValueError(f"record(): key {key!r} must be a Python-style identifier (letters, digits, _)")
@@ -101,13 +102,22 @@ def record(key: str, value, *, run=_AUTO, why: str | None = None, display: bool 
             raise ValueError(f"record({key!r}): this notebook used {len(used)} runs ({names}); pass run= to say "
                              "which one this value measured (run=None if it comes from no training run)")
         run_key = used[0]["key"] if used else None
+    elif isinstance(run, (list, tuple)):  # a value computed from several runs (e.g. one per modulus)
+        run_key = [_run_key(key, r) for r in run]
+        if not run_key:
+            raise ValueError(f"record({key!r}): run=[] names no run; pass run=None for a value from no run")
     else:
-        run_key = getattr(run, "key", run)
-        if run_key is not None and not isinstance(run_key, str):
-            raise TypeError(f"record({key!r}): run must be a Run, a run key (str) or None")
+        run_key = _run_key(key, run)
     context.set_value(key, value, run_key, why)
     _glue(key, value, display)
     return value
+
+
+def _run_key(key: str, run) -> str | None:
+    run_key = getattr(run, "key", run)
+    if run_key is not None and not isinstance(run_key, str):
+        raise TypeError(f"record({key!r}): run must be a Run, a run key (str), a list of them, or None")
+    return run_key
 
 
 def _glue(key: str, value, display: bool) -> None:
@@ -391,7 +401,7 @@ def evaluate_claim(chapter: str, claim: dict, label: str) -> dict:
     values = {k: v["value"] for k, v in entries.items()}
     whys = {k: v.get("why") for k, v in entries.items()}
     keys = list(dict.fromkeys(claim["measured"] + [k for p in parts for k in p.keys()]))
-    row["runs"] = sorted({entries[k]["run"] for k in keys if k in entries and entries[k].get("run")})
+    row["runs"] = sorted({r for k in keys if k in entries for r in _as_list(entries[k].get("run")) if r})
     row["measured"] = "; ".join(f"{k} = {_fmt(values[k])}" for k in claim["measured"] if k in values)
     baselines = claim.get("baselines") or {}
     row["baselines"] = "; ".join(f"{b} = {_fmt(values[b])} (baseline for {k})" if b in values
@@ -408,6 +418,10 @@ def evaluate_claim(chapter: str, claim: dict, label: str) -> dict:
     statuses = [(p.name, *_part_status(p, values, whys)) for p in parts]
     return {**row, "status": _combine(statuses), "parts": [{"name": n, "status": s, "detail": d}
                                                             for n, s, d in statuses]}
+
+
+def _as_list(run) -> list:
+    return run if isinstance(run, list) else [run]
 
 
 def _part_rule(part: Part, kind: str) -> str:
