@@ -3,6 +3,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
 
 from circuitbook import plotting  # noqa: E402
 
@@ -19,6 +20,9 @@ def test_step_axis_goes_log_only_when_the_events_are_early():
     fig, ax = plotting.figure()
     assert plotting.step_axis(ax, range(0, 10001, 100), events=[300, 900]) == "log"
     assert ax.get_xscale() == "symlog" and "log scale" in ax.get_xlabel()
+    ax.plot(range(0, 10001, 100), range(101))
+    ax.figure.canvas.draw()
+    assert ax.get_xlim() == pytest.approx((0, 10000)), "the axis spans the run: no negative steps"
     fig, ax = plotting.figure()
     assert plotting.step_axis(ax, range(0, 10001, 100), events=[3000, 9000]) == "linear"
     assert ax.get_xscale() == "linear"
@@ -39,3 +43,22 @@ def test_table_formats_steps_accuracies_and_nan():
     html = plotting.table(df, integers=["step"], percent=["share"]).to_html()
     assert "380" in html and "1,066" in html and "380.32" not in html
     assert "0.988" in html and "-" in html and "50.0%" in html
+
+
+def test_table_integer_columns_show_inf_for_no_qualifying_value():
+    df = pd.DataFrame({"sufficient dim": [3.0, float("inf"), float("nan")]})
+    html = plotting.table(df, integers=["sufficient dim"]).to_html()
+    assert ">3<" in html and ">inf<" in html and ">-<" in html and "3.0" not in html
+
+
+def test_figure_legend_puts_one_legend_under_a_figure_of_panels():
+    fig, axes = plotting.figure(ncols=2)
+    for ax in axes[0]:
+        ax.plot([0, 1], [0, 1], label="keep")
+        ax.plot([0, 1], [1, 0], label="remove")
+    plotting.figure_legend(fig, axes[0][0], ncol=2)
+    assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in axes[0])
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["keep", "remove"]
+    fig.canvas.draw()
+    box = fig.legends[0].get_window_extent()
+    assert box.y1 <= min(ax.get_window_extent().y0 for ax in axes[0]), "under the panels"

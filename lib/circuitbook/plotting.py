@@ -76,6 +76,7 @@ def step_axis(ax, steps, events: Iterable[float] = (), label: str = "training st
     early = bool(events) and max(events) < 0.2 * end
     if early and (steps > 0).any():
         ax.set_xscale("symlog", linthresh=max(1.0, float(steps[steps > 0].min())))
+        ax.set_xmargin(0)  # a margin on a symlog axis reaches below step 0 and far past the end
     ax.set_xlabel(label + (" (log scale)" if early else ""))
     return "log" if early else "linear"
 
@@ -95,6 +96,14 @@ def legend_below(ax, ncol: int = 3, title: str | None = None) -> None:
     handles, labels = ax.get_legend_handles_labels()
     if handles:
         ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=ncol, title=title)
+
+
+def figure_legend(fig, ax, ncol: int = 4, title: str | None = None) -> None:
+    """One legend for a figure of several panels that share their curves: `ax`'s entries, under the
+    whole figure, in columns (instead of a small legend repeated in every panel)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, title=title)
 
 
 def heatmap(ax, matrix, title: str = "", xlabel: str = "", ylabel: str = "", xticklabels="auto",
@@ -117,13 +126,22 @@ def table(df, digits: int = 3, integers: Iterable[str] = (), percent: Iterable[s
     formats = {}
     for col in df.columns:
         if col in integers:
-            formats[col] = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{int(round(v)):,}"
+            formats[col] = _integer
         elif col in percent:
             formats[col] = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%"
         elif df[col].dtype.kind == "f":
             formats[col] = lambda v, d=digits: "-" if v is None or math.isnan(v) else _float(v, d)
     styler = df.style.format(formats)
     return styler if index else styler.hide(axis="index")
+
+
+def _integer(v) -> str:
+    """A step or count: no decimals; NaN as "-", an infinite value (e.g. "no k qualified") as "inf"."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{int(round(v)):,}"
 
 
 def _float(v: float, digits: int) -> str:
