@@ -62,3 +62,14 @@ def test_figure_legend_puts_one_legend_under_a_figure_of_panels():
     fig.canvas.draw()
     box = fig.legends[0].get_window_extent()
     assert box.y1 <= min(ax.get_window_extent().y0 for ax in axes[0]), "under the panels"
+
+
+def test_table_by_turns_a_wide_table_and_formats_each_measurement_as_its_column():
+    df = pd.DataFrame({"seed": [0, 100], "core rank": [4.0, float("inf")], "accuracy": [0.98765, float("nan")],
+                       "frequencies": [[1, 5], [2]]})
+    styler = plotting.table_by(df, "seed", integers=["core rank"])
+    assert list(styler.data.columns) == ["0", "100"] and styler.data.columns.name == "seed"
+    assert list(styler.data.index) == ["core rank", "accuracy", "frequencies"]
+    assert styler.data.loc["core rank"].tolist() == ["4", "inf"]
+    assert styler.data.loc["accuracy"].tolist() == ["0.988", "-"]
+    assert styler.data.loc["frequencies"].tolist() == ["[1, 5]", "[2]"]

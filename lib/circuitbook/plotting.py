@@ -14,6 +14,7 @@ from typing import Iterable, Mapping
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import seaborn as sns
 
 PALETTE = "colorblind"
@@ -133,6 +134,26 @@ def table(df, digits: int = 3, integers: Iterable[str] = (), percent: Iterable[s
             formats[col] = lambda v, d=digits: "-" if v is None or math.isnan(v) else _float(v, d)
     styler = df.style.format(formats)
     return styler if index else styler.hide(axis="index")
+
+
+def table_by(df, header: str, digits: int = 3, integers: Iterable[str] = (), percent: Iterable[str] = ()):
+    """A wide table turned on its side, for a few rows with many measurements (per seed, per model):
+    one column per row of `df`, headed by its `header` value, one row per other column; each value
+    formatted as `table` formats its column (integers, percent, floats to `digits`, NaN as "-")."""
+    integers, percent = set(integers), set(percent)
+
+    def cell(v, col):
+        if col in integers:
+            return _integer(v)
+        if isinstance(v, float) and math.isnan(v):
+            return "-"
+        if col in percent:
+            return f"{100 * v:.1f}%"
+        return _float(v, digits) if isinstance(v, float) else str(v)
+
+    rows = {col: [cell(v, col) for v in df[col]] for col in df.columns if col != header}
+    out = pd.DataFrame(rows, index=pd.Index([str(v) for v in df[header]], name=header)).T
+    return out.style
 
 
 def _integer(v) -> str:
