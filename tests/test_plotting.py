@@ -73,3 +73,9 @@ def test_table_by_turns_a_wide_table_and_formats_each_measurement_as_its_column(
     assert styler.data.loc["core rank"].tolist() == ["4", "inf"]
     assert styler.data.loc["accuracy"].tolist() == ["0.988", "-"]
     assert styler.data.loc["frequencies"].tolist() == ["[1, 5]", "[2]"]
+
+
+def test_tables_leave_room_between_columns():
+    df = pd.DataFrame({"to 0": [0.75, 0.25], "to 1": [0.25, 0.75]})
+    for styler in (plotting.table(df), plotting.table_by(df.assign(state=[0, 1]), "state")):
+        assert "padding: 0.15em 0.7em" in styler.to_html()

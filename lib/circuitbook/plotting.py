@@ -132,7 +132,7 @@ def table(df, digits: int = 3, integers: Iterable[str] = (), percent: Iterable[s
             formats[col] = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%"
         elif df[col].dtype.kind == "f":
             formats[col] = lambda v, d=digits: "-" if v is None or math.isnan(v) else _float(v, d)
-    styler = df.style.format(formats)
+    styler = _spaced(df.style.format(formats))
     return styler if index else styler.hide(axis="index")
 
 
@@ -153,7 +153,13 @@ def table_by(df, header: str, digits: int = 3, integers: Iterable[str] = (), per
 
     rows = {col: [cell(v, col) for v in df[col]] for col in df.columns if col != header}
     out = pd.DataFrame(rows, index=pd.Index([str(v) for v in df[header]], name=header)).T
-    return out.style
+    return _spaced(out.style)
+
+
+def _spaced(styler):
+    """Room between the columns (a bare HTML table sets short numbers almost edge to edge)."""
+    return styler.set_table_styles([{"selector": "th, td", "props": [("padding", "0.15em 0.7em")]}],
+                                   overwrite=False)
 
 
 def _integer(v) -> str:
