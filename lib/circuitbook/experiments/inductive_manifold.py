@@ -839,6 +839,9 @@ def own_sizes(design: pd.DataFrame) -> pd.DataFrame:
 
 # =============================================================================== 05 automated circuit detection (IM-6)
 
+PAPER_AIDING_ACCURACY = {"without aiding": 0.59, "with aiding": 0.92}  # IM-6 in PAPERS.md ("about"), for comparison
+
+
 def two_hop_task(n_pairs: int, n_blocks: int) -> BlockListTask:
     return BlockListTask("khop", hops=2, n_pairs=n_pairs, n_blocks=n_blocks, f_v=1.0, bos=True)
 
