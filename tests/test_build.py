@@ -25,6 +25,12 @@ def test_build_executes_in_order_renders_and_scores(mini_book, runs_dir):
     assert rows["D-2"]["status"] == "reproduced"
     index = (html / "chapters" / "demo" / "index.html").read_text()
     assert "value is big" in index, "the landing page carries the claims table"
+    import nbformat
+
+    executed = nbformat.read(build.executed_path("smoke", build.Notebook("chapters/demo/01_make.ipynb", "demo",
+                                                                          "01_make")), as_version=4)
+    injected = [c for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert injected and "hide-input" in injected[0].metadata["tags"], "papermill's parameters are folded"
 
 
 def test_unchanged_notebooks_are_not_executed_again(mini_book, runs_dir):

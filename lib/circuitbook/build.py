@@ -246,11 +246,15 @@ def _finish_failed(tmp: Path, dest: Path) -> None:
 
 
 def _strip_metadata(path: Path) -> None:
-    """Drop papermill's per-cell timing noise; keep outputs."""
+    """Drop papermill's per-cell timing noise; keep outputs. The parameters papermill injects are
+    bookkeeping: their cell is folded like the notebook's own parameters cell (`hide-input`)."""
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         cell.metadata.pop("papermill", None)
         cell.metadata.pop("execution", None)
+        tags = cell.metadata.get("tags", [])
+        if "injected-parameters" in tags and "hide-input" not in tags:
+            cell.metadata["tags"] = [*tags, "hide-input"]
     nbformat.write(nb, path)
 
 
