@@ -89,14 +89,14 @@ def _ac_delay_law(cfg):
 
 def _lt_main(name):
     def calls(cfg):
-        from . import train
         from .experiments import leading_terms as el
+        from .train import train as train_run
 
         # main_run's evaluation callback needs the first-batch statistics, minutes of work at full
         # (vocabulary 3000): the plan sizes the same model, task and schedule without them, so the key
         # it shows is not the trained run's
         corpus = el.load_corpus(cfg)
-        train.train(name, el.model_config(cfg, corpus), el.make_task(cfg, corpus), el.train_config(cfg, corpus))
+        train_run(name, el.model_config(cfg, corpus), el.make_task(cfg, corpus), el.train_config(cfg, corpus))
         UNKNOWN_KEY.add(name)
     return calls
 
@@ -280,7 +280,7 @@ def print_plan(profile: str, chapters: list[str] | None = None, out=print) -> li
         for run in planned:
             ident = (run.dir.name, run.key)
             if ident in seen:
-                out(f"  reads {run.dir.name} ({run.key[:8]}), trained above")
+                out(f"  reads {run.dir.name}, trained above")
                 continue
             seen.add(ident)
             c = cost(run, device)
@@ -296,7 +296,7 @@ def print_plan(profile: str, chapters: list[str] | None = None, out=print) -> li
                 out(f"    note: {c.note}")
             if run.dir.name in UNKNOWN_KEY:
                 out("    note: planned without its evaluation callback (its first-batch statistics are minutes of "
-                    "work at this profile), so the key shown is not the trained run's; size and time are")
+                    "work at this profile), so the key shown is not the trained run's; its size and time are")
     todo = [c for c in costs if not c.run.complete]
     out(f"\ntotal: {len(costs)} runs ({len(costs) - len(todo)} complete in the store), "
         f"{sum(c.flops for c in todo):.2e} FLOPs to train, ~{_fmt_time(sum(c.seconds for c in todo))} on "
