@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -204,6 +204,7 @@ def planned_runs(chapter: str, notebook: str, profile: str) -> list[PlannedRun]:
     return plan.runs
 
 
+PLAN_STEP_FLOPS = 2e10  # a timed calibration step does at most about this much work (seconds on a CPU)
 PLAN_MAX_CHUNK = {"cpu": 16, "cuda": 256}  # larger chunks are not timed for a plan (a CPU is compute-bound by then)
 
 
@@ -217,15 +218,25 @@ def cost(run: PlannedRun, device: torch.device) -> RunCost:
     spec = RunSpec(run.dir, {}, run.model_config, run.tasks, run.train_config)
     steps = run.train_config.steps - run.start
     K = run.n_members
+    flops_per_step = step_flops(spec)
     cap = PLAN_MAX_CHUNK.get(device.type, 16)
     sizes = [c for c in chunk_candidates(K) if c <= cap] or [1]
     if getattr(run.model_config, "dropout", 0):
         sizes = [K]  # members that share a random stream train as one ensemble
-    times = calibrate(spec, sizes, device, repeats=2)
+    # a step too big to time in seconds here (a 3000-token vocabulary at batch 2048 on a CPU) is timed at
+    # a smaller batch and scaled by the batch: such steps are compute-bound, so time grows with the batch
+    batch = run.train_config.batch_size
+    small = max(1, min(batch, int(batch * PLAN_STEP_FLOPS / max(flops_per_step / K * max(sizes), 1.0))))
+    note = NOTES.get(run.dir.name, "")
+    if small < batch:
+        tc = replace(run.train_config, batch_size=small,
+                     micro_batch_size=min(run.train_config.micro_batch_size or small, small))
+        spec = RunSpec(run.dir, {}, run.model_config, run.tasks, tc)
+        note = (note + "; " if note else "") + f"step timed at batch {small} and scaled to {batch}"
+    times = {c: t * batch / small for c, t in calibrate(spec, sizes, device, repeats=2).items()}
     per_step = {c: t * math.ceil(K / c) for c, t in times.items()}
     chunk = best_chunk(K, steps, times, 1, LOCAL_PART_OVERHEAD_S)
-    return RunCost(run, count_parameters(run.model_config), step_flops(spec) * steps, per_step[chunk] * steps, chunk,
-                   NOTES.get(run.dir.name, ""))
+    return RunCost(run, count_parameters(run.model_config), flops_per_step * steps, per_step[chunk] * steps, chunk, note)
 
 
 class PlanTimeout(RuntimeError):
@@ -296,7 +307,7 @@ def print_plan(profile: str, chapters: list[str] | None = None, out=print) -> li
                 out(f"    note: {c.note}")
             if run.dir.name in UNKNOWN_KEY:
                 out("    note: planned without its evaluation callback (its first-batch statistics are minutes of "
-                    "work at this profile), so the key shown is not the trained run's; its size and time are")
+                    "work at this profile), so the key shown is not the trained run's; its size and time are those of the trained run")
     todo = [c for c in costs if not c.run.complete]
     out(f"\ntotal: {len(costs)} runs ({len(costs) - len(todo)} complete in the store), "
         f"{sum(c.flops for c in todo):.2e} FLOPs to train, ~{_fmt_time(sum(c.seconds for c in todo))} on "
