@@ -2,8 +2,8 @@
 
 `_toc.yml` gives the notebooks in reading order; `profiles.yml` says which
 notebooks each one reads runs from (`needs`). A notebook's *inputs* at a
-profile are the hashes of its file, its resolved parameters, its chapter's
-profiles.yml, the library's source and the inputs of the notebooks it needs.
+profile are the hashes of its file, its resolved parameters, the library's
+source and the inputs of the notebooks it needs.
 The build caches an execution under the hash of these inputs, the results a
 notebook records carry them, and the scorecard grades a result only while
 they still match the current sources (otherwise the row is `stale`).
@@ -123,9 +123,10 @@ def notebook_inputs(chapter: str, notebook: str, profile: str, overrides: dict |
     params.paper_values(chapter, notebook)  # a wrong `paper:` entry is refused before any compute too
     upstream = {n: inputs_hash(notebook_inputs(chapter, n, profile, None, _seen + (notebook,)))
                 for n in params.needs(chapter, notebook)}
+    # profiles.yml enters through the values it resolves to: editing another notebook's section, the
+    # resources, the estimates or the paper's values and deviations changes no result
     return {"notebook": _sha(notebook_path(chapter, notebook).read_bytes()),
             "params": _sha(canonical_json(dict(resolved)).encode()),
-            "profiles": _sha((params.chapter_dir(chapter) / "profiles.yml").read_bytes()),
             "library": library_hash(), "upstream": upstream, "profile": profile}
 
 
@@ -134,7 +135,7 @@ def inputs_hash(inputs: dict) -> str:
 
 
 _WHAT = {"notebook": "the notebook changed", "params": "its parameters changed",
-         "profiles": "profiles.yml changed", "library": "the library code changed", "profile": "another profile"}
+         "library": "the library code changed", "profile": "another profile"}
 
 
 def what_changed(recorded: dict | None, current: dict) -> list[str]:
