@@ -1,9 +1,10 @@
 # make book [PROFILE=smoke|cpu|full]   set up .venv and build the book (default: full with a GPU, else cpu)
 # make test                            set up .venv and headless Chromium, run every test
+# make check-site PROFILE=cpu          check a built book in headless Chromium, screenshots to _build/screenshots
 PROFILE ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup book test clean
+.PHONY: setup book test check-site clean
 setup:
 	@bash scripts/setup.sh
 
@@ -13,6 +14,10 @@ book: setup
 test: setup
 	@bash scripts/setup-browser.sh
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
+
+check-site:
+	@bash scripts/setup-browser.sh
+	.venv/bin/python scripts/check_site.py _build/$(or $(PROFILE),cpu)/html
 
 clean:
 	rm -rf _build

@@ -250,3 +250,19 @@ def test_every_figure_has_a_caption(smoke_book, browser):
         if bare:
             problems.append(f"{page.relative_to(html).as_posix()}: {bare} figure(s) without a caption")
     assert not problems, "\n".join(problems)
+
+
+def test_check_site_script_passes_on_the_smoke_build_and_refuses_a_non_book(smoke_book, browser, tmp_path):
+    """scripts/check_site.py runs the reader checks on any profile's build (here smoke) and keeps screenshots."""
+    import subprocess
+    import sys
+
+    html, _, _ = smoke_book
+    script = ROOT / "scripts" / "check_site.py"
+    out = subprocess.run([sys.executable, str(script), str(html), "--out", str(tmp_path / "shots")],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert ", 0 with problems" in out.stdout
+    assert (tmp_path / "shots" / f"scorecard-{html.parent.name}-1280.png").exists()
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True)
+    assert bad.returncode != 0 and "is not a built book" in bad.stderr

@@ -1,0 +1,112 @@
+"""Check a built book the way a reader sees it, at any profile, and keep screenshots.
+
+    .venv/bin/python scripts/check_site.py _build/cpu/html [--width 1280]
+
+Opens every page in headless Chromium (the site tests do the same for the smoke build in CI) and reports:
+tracebacks, unresolved glue, broken images, figures without a caption, clipped code, pages that scroll
+sideways, scorecard tables wider than their container and status badges outside the window. Saves
+screenshots of the scorecard and of every chapter's landing page to `_build/screenshots/` (named after
+the build folder's profile). Exit status 1 when a problem was found.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PAGE_CHECKS = {
+    "traceback": "return /Traceback \\(most recent call last\\)|An Exception was encountered/"
+                 ".test(document.body ? document.body.innerText : '') ? 1 : 0",
+    "unresolved glue": "return (document.body ? document.body.innerText : '').includes('{glue') ? 1 : 0",
+    "broken images": "return Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).length",
+    "figures without a caption": "return Array.from(document.querySelectorAll('article img')).filter(i => "
+                                 "{ const f = i.closest('figure'); return !(f && f.querySelector('figcaption')); })"
+                                 ".length",
+    "clipped code blocks": "return Array.from(document.querySelectorAll('article pre')).filter(p => "
+                           "p.offsetParent !== null && p.scrollWidth > p.clientWidth + 1).length",
+}
+
+
+def browser():
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver_path):
+        sys.exit("check_site: needs chromium and chromedriver (bash scripts/setup-browser.sh)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=opts)
+    driver.set_page_load_timeout(60)
+    return driver
+
+
+def load(driver, page: Path) -> None:
+    driver.get(page.as_uri())
+    deadline = time.time() + 30
+    while driver.execute_script("return document.readyState") != "complete" and time.time() < deadline:
+        time.sleep(0.1)
+
+
+def check_page(driver, page: Path, width: int) -> list[str]:
+    problems = [f"{n} {what}" for what, js in PAGE_CHECKS.items() if (n := driver.execute_script(js))]
+    wide = driver.execute_script("return document.documentElement.scrollWidth")
+    if wide > width + 1:
+        problems.append(f"the page is {wide} px wide")
+    if page.name == "scorecard.html":
+        tables = driver.execute_script(
+            "return Array.from(document.querySelectorAll('table.cb-scorecard')).filter(t => "
+            "t.scrollWidth > t.parentElement.clientWidth + 1).length")
+        badges = driver.execute_script(
+            f"return Array.from(document.querySelectorAll('.cb-badge')).filter(b => "
+            f"b.getBoundingClientRect().left < 0 || b.getBoundingClientRect().right > {width}).length")
+        problems += [f"{tables} scorecard table(s) overflow"] * bool(tables)
+        problems += [f"{badges} status badge(s) outside the window"] * bool(badges)
+    return problems
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("html", type=Path, help="a built book's html folder, e.g. _build/cpu/html")
+    ap.add_argument("--width", type=int, default=1280)
+    ap.add_argument("--out", type=Path, default=ROOT / "_build" / "screenshots")
+    args = ap.parse_args(argv)
+    html = args.html.resolve()
+    if not (html / "book" / "scorecard.html").exists():
+        sys.exit(f"check_site: {args.html} is not a built book (no book/scorecard.html)")
+    profile = html.parent.name
+    pages = sorted(p for p in html.rglob("*.html") if not {"_static", "_sources"} & set(p.parts))
+    driver = browser()
+    args.out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    try:
+        driver.set_window_size(args.width, 900)
+        width = driver.execute_script("return window.innerWidth")
+        for page in pages:
+            load(driver, page)
+            rel = page.relative_to(html).as_posix()
+            problems = check_page(driver, page, width)
+            failed += bool(problems)
+            print(f"{'FAIL' if problems else 'ok  '} {rel}" + (": " + "; ".join(problems) if problems else ""))
+            if page.name == "scorecard.html" or (page.name == "index.html" and "chapters" in page.parts):
+                name = "scorecard" if page.name == "scorecard.html" else f"chapter-{page.parent.name}"
+                shot = args.out / f"{name}-{profile}-{args.width}.png"
+                driver.set_window_size(args.width, max(900, min(6000, driver.execute_script(
+                    "return document.documentElement.scrollHeight"))))
+                driver.save_screenshot(str(shot))
+                driver.set_window_size(args.width, 900)
+                print(f"     screenshot {shot}")
+    finally:
+        driver.quit()
+    print(f"{len(pages)} pages, {failed} with problems")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
