@@ -3,6 +3,9 @@
 # make check-site PROFILE=cpu          check a built book in headless Chromium, screenshots to _build/screenshots
 PROFILE ?=
 PYTEST_ARGS ?=
+# The leading_terms chapter reads TinyStories from a local file: the book's sample in ../shared unless set.
+CIRCUITBOOK_TINYSTORIES ?= $(wildcard $(abspath ../shared/data/tinystories/tinystories_lower_4MB.txt))
+export CIRCUITBOOK_TINYSTORIES
 
 .PHONY: setup book test check-site clean
 setup:
