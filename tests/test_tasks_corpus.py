@@ -107,6 +107,9 @@ def test_load_corpus_samples_are_in_vocabulary_and_shifted(tmp_path):
     assert C.load_corpus(p, vocab_size=12, seq_len=4, sampling="windows", n_samples=2).samples.shape[0] == 2
     with pytest.raises(C.CorpusError, match="no sample of 201 in-vocabulary tokens"):
         C.load_corpus(p, vocab_size=12, seq_len=200)
+    available = C.load_corpus(p, vocab_size=12, seq_len=4, sampling="windows").info["samples_available"]
+    with pytest.raises(C.CorpusError, match=rf"only {available} windows of 5 in-vocabulary tokens in .*s\.txt .*n_samples = {available + 1};"):
+        C.load_corpus(p, vocab_size=12, seq_len=4, sampling="windows", n_samples=available + 1)
     for kw, msg in [({"sampling": "all"}, "sampling"), ({"tokenizer": "char"}, "tokenizer"),
                     ({"vocab_size": 1}, "vocab_size"), ({"seq_len": 0}, "seq_len"), ({"n_samples": 0}, "n_samples")]:
         args = {"vocab_size": 12, "seq_len": 4, **kw}

@@ -235,7 +235,7 @@ def load_corpus(path: str | os.PathLike | None = None, *, vocab_size: int, seq_l
     tokenizer "word": the paper's word-level vocabulary of the `vocab_size` most frequent
     tokens. "bpe": a byte-pair-encoding vocabulary of `vocab_size` tokens trained on the same
     stories with the `tokenizers` library (every token is in its vocabulary). n_samples keeps
-    the first samples in corpus order (None: all).
+    the first samples in corpus order (None: all); a source with fewer is refused (CorpusError).
     """
     _check("sampling", sampling, sampling in SAMPLINGS, f"one of {SAMPLINGS}")
     _check("tokenizer", tokenizer, tokenizer in TOKENIZERS, f"one of {TOKENIZERS}")
@@ -259,6 +259,14 @@ def load_corpus(path: str | os.PathLike | None = None, *, vocab_size: int, seq_l
         raise CorpusError(f"no sample of {seq_len + 1} in-vocabulary tokens in {source} with vocab_size={vocab_size} "
                           f"and sampling={sampling!r}; try a smaller seq_len, a larger vocab_size or "
                           f"sampling='windows'")
+    if n_samples is not None and available < n_samples:
+        # Never train on fewer samples than asked for without a word: a profile that names the paper's
+        # n_samples would otherwise be graded as the paper's setting on a fraction of its data.
+        kind = "whole stories" if sampling == "stories" else "windows"
+        raise CorpusError(f"only {available} {kind} of {seq_len + 1} in-vocabulary tokens in {source} "
+                          f"(vocab_size={vocab_size}), but n_samples = {n_samples}; point tinystories_path or "
+                          f"CIRCUITBOOK_TINYSTORIES at the full data set, or set n_samples (null: all, "
+                          f"shown on the scorecard as a deviation) or sampling='windows'")
     if n_samples is not None:
         samples = samples[:n_samples]
     n_tokens = sum(len(e) for e in encoded)
