@@ -31,7 +31,12 @@ PAGE_CHECKS = {
 }
 
 
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync")
+
+
 def browser():
+    """Headless Chromium through selenium (Debian's chromium and chromium-driver)."""
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver_path):
         sys.exit("check_site: needs chromium and chromedriver (bash scripts/setup-browser.sh)")
@@ -40,18 +45,28 @@ def browser():
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"):
+    for flag in FLAGS:
         opts.add_argument(flag)
     driver = webdriver.Chrome(service=Service(driver_path), options=opts)
     driver.set_page_load_timeout(60)
     return driver
 
 
-def load(driver, page: Path) -> None:
-    driver.get(page.as_uri())
-    deadline = time.time() + 30
-    while driver.execute_script("return document.readyState") != "complete" and time.time() < deadline:
+def wait_until_loaded(driver, timeout: float = 30.0) -> str:
+    deadline = time.time() + timeout
+    while (state := driver.execute_script("return document.readyState")) != "complete" and time.time() < deadline:
         time.sleep(0.1)
+    return state
+
+
+def load(driver, page: Path) -> str:
+    driver.get(page.as_uri())
+    return wait_until_loaded(driver)
+
+
+def pages(html: Path) -> list[Path]:
+    """Every page of a built book (not the theme's static files or the page sources)."""
+    return sorted(p for p in html.rglob("*.html") if "_static" not in p.parts and "_sources" not in p.parts)
 
 
 def check_page(driver, page: Path, width: int) -> list[str]:
@@ -81,14 +96,14 @@ def main(argv=None) -> int:
     if not (html / "book" / "scorecard.html").exists():
         sys.exit(f"check_site: {args.html} is not a built book (no book/scorecard.html)")
     profile = html.parent.name
-    pages = sorted(p for p in html.rglob("*.html") if not {"_static", "_sources"} & set(p.parts))
+    all_pages = pages(html)
     driver = browser()
     args.out.mkdir(parents=True, exist_ok=True)
     failed = 0
     try:
         driver.set_window_size(args.width, 900)
         width = driver.execute_script("return window.innerWidth")
-        for page in pages:
+        for page in all_pages:
             load(driver, page)
             rel = page.relative_to(html).as_posix()
             problems = check_page(driver, page, width)
@@ -104,7 +119,7 @@ def main(argv=None) -> int:
                 print(f"     screenshot {shot}")
     finally:
         driver.quit()
-    print(f"{len(pages)} pages, {failed} with problems")
+    print(f"{len(all_pages)} pages, {failed} with problems")
     return 1 if failed else 0
 
 

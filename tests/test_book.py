@@ -7,12 +7,16 @@ headless Chromium opens every page.
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 from circuitbook import build, claims, context
 from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import check_site  # noqa: E402  (the same browser, page list and load-wait as `make check-site`)
 
 pytestmark = pytest.mark.book
 NOTEBOOKS = [nb for nb in build.book_notebooks(ROOT)]
@@ -64,31 +68,12 @@ def browser():
             pytest.skip("CIRCUITBOOK_SKIP_BROWSER=1 and no chromium/chromedriver")
         pytest.fail("headless Chromium is needed for the site checks: apt-get install chromium chromium-driver "
                     "(or set CIRCUITBOOK_SKIP_BROWSER=1 to skip them knowingly)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(driver_path), options=opts)
-    driver.set_page_load_timeout(60)
+    driver = check_site.browser()
     yield driver
     driver.quit()
 
 
-def wait_until_loaded(browser, timeout: float = 30.0) -> str:
-    import time
-
-    deadline = time.time() + timeout
-    while (state := browser.execute_script("return document.readyState")) != "complete" and time.time() < deadline:
-        time.sleep(0.1)
-    return state
-
-
-def pages(html: Path) -> list[Path]:
-    return sorted(p for p in html.rglob("*.html") if "_static" not in p.parts and "_sources" not in p.parts)
+wait_until_loaded, pages = check_site.wait_until_loaded, check_site.pages
 
 
 def test_every_page_loads_without_traceback_or_broken_images(smoke_book, browser):
@@ -255,7 +240,6 @@ def test_every_figure_has_a_caption(smoke_book, browser):
 def test_check_site_script_passes_on_the_smoke_build_and_refuses_a_non_book(smoke_book, browser, tmp_path):
     """scripts/check_site.py runs the reader checks on any profile's build (here smoke) and keeps screenshots."""
     import subprocess
-    import sys
 
     html, _, _ = smoke_book
     script = ROOT / "scripts" / "check_site.py"
