@@ -165,8 +165,11 @@ def estimate(nbs: list[Notebook], profile: str, force: bool) -> tuple[float, int
     return total, cached
 
 
-def _fmt_seconds(s: float) -> str:
+def fmt_seconds(s: float) -> str:
+    """A duration for a reader: '4m 05s', '1h 32m', '2.0 d'."""
     s = int(round(s))
+    if s >= 86400:
+        return f"{s / 86400:.1f} d"
     return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
 
 
@@ -373,7 +376,7 @@ def build(profile: str, chapters: list[str] | None = None, force: bool = False, 
     with build_lock(profile, log):
         seconds, cached = estimate(selected, profile, force)
         log(f"circuitbook build: profile {profile}, {len(selected)} notebooks ({cached} cached), "
-            f"estimated {_fmt_seconds(seconds)}")
+            f"estimated {fmt_seconds(seconds)}")
         src = stage(profile)
         failures, timing, todo = [], {}, []
         for i, nb in enumerate(nbs, 1):

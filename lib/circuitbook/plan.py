@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import params
+from .build import fmt_seconds
 from .book import book_notebooks
 from .train import (PlannedRun, RunSpec, best_chunk, calibrate, chunk_candidates,
                     count_parameters, default_device, device_name, planning, step_flops, LOCAL_PART_OVERHEAD_S)
@@ -260,13 +261,6 @@ def _budget(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
-def _fmt_time(s: float) -> str:
-    s = int(round(s))
-    if s >= 86400:
-        return f"{s / 86400:.1f} d"
-    return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
-
-
 def print_plan(profile: str, chapters: list[str] | None = None, out=print) -> list[RunCost]:
     """Print every notebook's runs at `profile`, their size and cost on this device, and its resources."""
     params.check_profile(profile)
@@ -302,7 +296,7 @@ def print_plan(profile: str, chapters: list[str] | None = None, out=print) -> li
             key = "key ?" if run.dir.name in UNKNOWN_KEY else run.key[:8]
             out(f"  {run.dir.name} ({key}): {run.n_members} member(s) x {span} x batch {tc.batch_size}, "
                 f"{c.params_per_member:,} parameters each, {c.flops:.2e} FLOPs, "
-                f"~{_fmt_time(c.seconds)} here (chunk {c.chunk}){stored}")
+                f"~{fmt_seconds(c.seconds)} here (chunk {c.chunk}){stored}")
             if c.note:
                 out(f"    note: {c.note}")
             if run.dir.name in UNKNOWN_KEY:
@@ -310,6 +304,6 @@ def print_plan(profile: str, chapters: list[str] | None = None, out=print) -> li
                     "work at this profile), so the key shown is not the trained run's; its size and time are those of the trained run")
     todo = [c for c in costs if not c.run.complete]
     out(f"\ntotal: {len(costs)} runs ({len(costs) - len(todo)} complete in the store), "
-        f"{sum(c.flops for c in todo):.2e} FLOPs to train, ~{_fmt_time(sum(c.seconds for c in todo))} on "
+        f"{sum(c.flops for c in todo):.2e} FLOPs to train, ~{fmt_seconds(sum(c.seconds for c in todo))} on "
         f"{device_name(device)} one run after another (planned in {time.time() - t0:.0f} s)")
     return costs

@@ -129,9 +129,9 @@ def table(df, digits: int = 3, integers: Iterable[str] = (), percent: Iterable[s
         if col in integers:
             formats[col] = _integer
         elif col in percent:
-            formats[col] = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%"
+            formats[col] = _percent
         elif df[col].dtype.kind == "f":
-            formats[col] = lambda v, d=digits: "-" if v is None or math.isnan(v) else _float(v, d)
+            formats[col] = lambda v, d=digits: _float(v, d)
     styler = _spaced(df.style.format(formats))
     return styler if index else styler.hide(axis="index")
 
@@ -145,10 +145,8 @@ def table_by(df, header: str, digits: int = 3, integers: Iterable[str] = (), per
     def cell(v, col):
         if col in integers:
             return _integer(v)
-        if isinstance(v, float) and math.isnan(v):
-            return "-"
         if col in percent:
-            return f"{100 * v:.1f}%"
+            return _percent(v)
         return _float(v, digits) if isinstance(v, float) else str(v)
 
     rows = {col: [cell(v, col) for v in df[col]] for col in df.columns if col != header}
@@ -164,14 +162,25 @@ def _spaced(styler):
 
 def _integer(v) -> str:
     """A step or count: no decimals; NaN as "-", an infinite value (e.g. "no k qualified") as "inf"."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    if _missing(v):
         return "-"
     if isinstance(v, float) and math.isinf(v):
         return "inf" if v > 0 else "-inf"
     return f"{int(round(v)):,}"
 
 
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _percent(v) -> str:
+    return "-" if _missing(v) else f"{100 * v:.1f}%"
+
+
 def _float(v: float, digits: int) -> str:
+    """A measurement to `digits` decimals (scientific when tiny or huge); NaN as "-"."""
+    if _missing(v):
+        return "-"
     if v != 0 and (abs(v) >= 1e5 or abs(v) < 10 ** -digits):
         return f"{v:.{digits}g}"
     if float(v).is_integer() and abs(v) >= 100:
