@@ -32,8 +32,7 @@ import circuitbook as cb
 import common
 from circuitbook.tasks.assign_add import AssignAddTask
 from circuitbook.tasks.base import Batch, step_generator
-from circuitbook.train import (LOCAL_PART_OVERHEAD_S, Ensemble, Optimizer, RunSpec, best_chunk, calibrate,
-                               chunk_candidates, per_member_loss)
+from circuitbook.train import Ensemble, Optimizer, RunSpec, best_chunk, calibrate, chunk_candidates, per_member_loss
 
 # Batched and single matmuls round differently; Adam's normalised step lets that drift grow a little with steps.
 TOLERANCE = {"loss": 1e-4, "weight": 1e-2}
@@ -148,8 +147,8 @@ def choose(setting: dict, task, steps: int, members: int) -> tuple[int, dict]:
     """The chunk size train() would choose here for this run: calibrated step times, then best_chunk."""
     tc = cb.TrainConfig(steps=steps, batch_size=setting["batch_size"], seeds=tuple(range(members)))
     spec = RunSpec(None, {}, setting["model"], [task] * members, tc)
-    times = calibrate(spec, chunk_candidates(members), torch.device("cpu"))
-    return best_chunk(members, steps, times, 1, LOCAL_PART_OVERHEAD_S), times
+    cal = calibrate(spec, chunk_candidates(members), torch.device("cpu"))
+    return best_chunk(members, steps, cal.step_s, 1, cal.setup_s), cal
 
 
 ARMS = ("ensemble", "chunked", "sequential")
@@ -160,9 +159,10 @@ def bench(name: str, steps: int, members: int, repeats: int, tmp: str) -> dict:
     task = setting["task"]()
     steps = steps or setting["steps"]
     load_start = os.getloadavg()[0]
-    chunk, step_s = choose(setting, task, steps, members)
-    print(f"  [{name}] calibration (s per step by chunk size): "
-          + ", ".join(f"{c}: {t:.4f}" for c, t in step_s.items()) + f" -> chunk {chunk}", flush=True)
+    chunk, cal = choose(setting, task, steps, members)
+    step_s, setup_s = cal.step_s, cal.setup_s
+    print(f"  [{name}] calibration (s per step | s setup per part, by chunk size): "
+          + ", ".join(f"{c}: {t:.4f} | {setup_s[c]:.3f}" for c, t in step_s.items()) + f" -> chunk {chunk}", flush=True)
     for arm in ARMS:  # warm up kernels, imports, allocator
         run_arm(arm, setting, task, 2, members, tmp, chunk)
     times, last = {arm: [] for arm in ARMS}, {}
@@ -182,6 +182,7 @@ def bench(name: str, steps: int, members: int, repeats: int, tmp: str) -> dict:
         "setting": name, "model": setting["model"].to_dict(), "task": task.spec(),
         "batch_size": setting["batch_size"], "steps": steps, "members": members, "repeats": repeats,
         "times_s": times, "median_s": med, "chosen_chunk": chunk, "calibration_step_s": step_s,
+        "calibration_setup_s": setup_s,
         "ratio_wall_chunked": med["sequential"]["wall"] / med["chunked"]["wall"],
         "agreement_chunked": agree_chunked,
         "ratio_wall": med["sequential"]["wall"] / med["ensemble"]["wall"],
@@ -207,9 +208,10 @@ def table(results: list[dict]) -> str:
                      f"{ms['ensemble']:>6.1f} | {ms['chunked']:>5.1f} | {ms['sequential']:<6.1f}  "
                      f"{a['max_abs_weight_diff']:>6.1e} | {ac['max_abs_weight_diff']:>6.1e} "
                      f"{'yes' if a['agree'] and ac['agree'] else 'NO':>4}")
-    lines += ["", "calibration (s per step of a chunk of c members, the fastest of 3) -> the chunk train() chooses"]
+    lines += ["", "calibration: s per step of a chunk of c members (the fastest of 3) | s of setup per part -> the chunk train() chooses"]
     for r in results:
-        lines.append(f"{r['setting']:<11} " + ", ".join(f"c={c}: {t:.4f}" for c, t in r["calibration_step_s"].items())
+        lines.append(f"{r['setting']:<11} " + ", ".join(f"c={c}: {t:.4f} | {r['calibration_setup_s'][c]:.3f}"
+                                                  for c, t in r["calibration_step_s"].items())
                      + f" -> {r['chosen_chunk']}")
     lines += ["", "bare step (no data or logging), median ms; overhead share = K=1 at batch 1 / K=1 at full batch",
               f"{'setting':<11} {'clock':<5} {'K=1 b=1':>8} {'K=K b=1':>8} {'K=1 full':>9} {'K=K full':>9}"

@@ -74,3 +74,29 @@ def test_half_way_step():
     assert curves.steepest_rise(steps, noisy, window=100)[0] == pytest.approx(1050)
     assert curves.half_way_step(steps, noisy) == pytest.approx(4500)
     assert math.isnan(curves.half_way_step(steps, np.interp(steps, [4000, 5000], [0.8, 0.2])))
+
+
+def test_fit_power_law_recovers_exponents():
+    rng = np.random.default_rng(0)
+    x = np.repeat([0.3, 0.5, 1.0, 1.5, 2.0, 3.0], 6)
+    y = 400 * x ** -1.0 * np.exp(rng.normal(0, 0.05, x.size))
+    fit = curves.fit_power_law(x, y, n_boot=500)
+    assert fit.exponent == pytest.approx(-1.0, abs=0.05) and fit.contains(-1.0)
+    assert fit.boot_ci[0] < -1.0 < fit.boot_ci[1] and fit.prefactor == pytest.approx(400, rel=0.1)
+    exact = curves.fit_power_law([1, 2, 4, 8], [8, 4, 2, 1], n_boot=50)
+    assert exact.exponent == pytest.approx(-1.0) and exact.r2 == pytest.approx(1.0)
+    repeated = curves.fit_power_law(np.array([2, 3, 4, 6, 8] * 2), 5 * np.array([2, 3, 4, 6, 8] * 2, float) ** 2, n_boot=50)
+    assert repeated.exponent == pytest.approx(2.0) and repeated.boot_ci == pytest.approx((2.0, 2.0)) and repeated.n == 10
+    nan_dropped = curves.fit_power_law([1, 2, 4, 8, 16], [8, 4, 2, 1, float("nan")], n_boot=10)
+    assert nan_dropped.n == 4
+    with pytest.raises(ValueError, match="at least 3 positive points .* got 3 at 1 distinct x"):
+        curves.fit_power_law([1, 1, 1], [1, 2, 3])
+
+
+def test_fit_power_law_on_two_points_has_an_exponent_but_no_interval():
+    two = curves.fit_power_law([2, 4], [3, 12], min_points=2, n_boot=10)
+    assert two.exponent == pytest.approx(2.0) and two.n == 2 and all(math.isnan(v) for v in two.ci)
+    assert curves.fit_power_law_or_none([2, 4], [3, 12]) is None  # the default asks for 3
+    assert curves.fit_power_law_or_none([2, 2], [1, 3], min_points=2) is None  # one x: no slope
+    assert curves.fit_power_law_or_none([2, 4, 8], [1, float("nan"), 0.0], min_points=2) is None
+

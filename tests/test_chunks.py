@@ -89,15 +89,32 @@ def test_split_and_candidates_known_answers():
 
 def test_best_chunk_known_answers():
     # compute-bound and slower together (assign_add on a CPU): one member at a time wins
-    assert best_chunk(8, 1000, {1: 0.050, 2: 0.110, 4: 0.230, 8: 0.490}, workers=1, overhead_s=0.5) == 1
+    assert best_chunk(8, 1000, {1: 0.050, 2: 0.110, 4: 0.230, 8: 0.490}, workers=1) == 1
     # overhead-bound (markov on a CPU): the whole ensemble wins
-    assert best_chunk(8, 1000, {1: 0.014, 2: 0.020, 4: 0.032, 8: 0.060}, workers=1, overhead_s=0.5) == 8
+    assert best_chunk(8, 1000, {1: 0.014, 2: 0.020, 4: 0.032, 8: 0.060}, workers=1) == 8
     # the same overhead-bound model on 2 workers: two halves run at once
-    assert best_chunk(8, 1000, {1: 0.014, 2: 0.020, 4: 0.032, 8: 0.060}, workers=2, overhead_s=3.0) == 4
+    assert best_chunk(8, 1000, {1: 0.014, 2: 0.020, 4: 0.032, 8: 0.060}, workers=2, task_overhead_s=3.0) == 4
     # a short run does not pay a remote task's overhead
-    assert best_chunk(8, 10, {1: 0.014, 2: 0.020, 4: 0.032, 8: 0.060}, workers=2, overhead_s=3.0) == 8
-    # within 5%, the larger chunk
-    assert best_chunk(2, 100, {1: 0.050, 2: 0.102}, overhead_s=0.0) == 2
+    assert best_chunk(8, 10, {1: 0.014, 2: 0.020, 4: 0.032, 8: 0.060}, workers=2, task_overhead_s=3.0) == 8
+    # no margin: a chunk 2% dearer per member than one at a time is not chosen (this build's assign_add
+    # calibration: 0.0889 s alone, 0.1808 s in pairs, 0.3730 in fours, 0.9681 in eights)
+    assert best_chunk(8, 1000, {1: 0.0889, 2: 0.1808, 4: 0.3730, 8: 0.9681}) == 1
+    # an exact tie goes to the larger chunk (fewer parts to publish)
+    assert best_chunk(2, 100, {1: 0.050, 2: 0.100}) == 2
+    # every part pays its measured setup: eight one-member parts at 2 s each lose to one ensemble that
+    # is 1% dearer per member-step over 100 steps (8 x 2 s > 100 x 8 x 0.0001 s)
+    assert best_chunk(8, 100, {1: 0.0100, 8: 0.0808}, setup_seconds={1: 2.0, 8: 2.5}) == 8
+    assert best_chunk(8, 100, {1: 0.0100, 8: 0.0808}) == 1
+
+
+def test_calibration_times_steps_and_part_setup():
+    """calibrate measures a step and a part's setup at each chunk size, on the device at hand."""
+    from circuitbook.train import calibrate
+
+    spec = RunSpec(None, {}, MODEL, TASKS, TrainConfig(steps=10, batch_size=8, seeds=(0, 1, 2, 3)))
+    cal = calibrate(spec, [1, 2, 4], torch.device("cpu"), repeats=2)
+    assert set(cal.step_s) == set(cal.setup_s) == {1, 2, 4}
+    assert all(0 < t < 5 for t in cal.step_s.values()) and all(0 <= t < 30 for t in cal.setup_s.values())
 
 
 @pytest.mark.parametrize("bad", [0, -1, "some", "1.5", 2.0, True])

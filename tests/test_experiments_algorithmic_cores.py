@@ -377,21 +377,6 @@ def test_choose_fork_step_uses_the_paper_epoch_or_the_midpoint(runs_dir):
     assert ac.choose_fork_step(exp, None, times.assign(tau_grok=float("nan"))) == exp.run.checkpoint_steps()[1]
 
 
-def test_fit_power_law_recovers_exponents():
-    rng = np.random.default_rng(0)
-    x = np.repeat([0.3, 0.5, 1.0, 1.5, 2.0, 3.0], 6)
-    y = 400 * x ** -1.0 * np.exp(rng.normal(0, 0.05, x.size))
-    fit = ac.fit_power_law(x, y, n_boot=500)
-    assert fit.exponent == pytest.approx(-1.0, abs=0.05) and fit.contains(-1.0)
-    assert fit.boot_ci[0] < -1.0 < fit.boot_ci[1] and fit.prefactor == pytest.approx(400, rel=0.1)
-    exact = ac.fit_power_law([1, 2, 4, 8], [8, 4, 2, 1], n_boot=50)
-    assert exact.exponent == pytest.approx(-1.0) and exact.r2 == pytest.approx(1.0)
-    nan_dropped = ac.fit_power_law([1, 2, 4, 8, 16], [8, 4, 2, 1, float("nan")], n_boot=10)
-    assert nan_dropped.n == 4
-    with pytest.raises(ValueError):
-        ac.fit_power_law([1, 1, 1], [1, 2, 3])
-
-
 def test_per_seed_exponents_and_fits_that_cannot_be_made():
     omegas = [1.0, 1.5, 2.0, 3.0]
     rows = [{"seed": s, "omega": w, "delay": 100 * w ** e} for s, e in ((0, -1.0), (1, -0.5)) for w in omegas]

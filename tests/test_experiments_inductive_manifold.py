@@ -18,11 +18,7 @@ def test_crossing_steps_interpolate():
     assert t[0] == pytest.approx(15.0) and math.isnan(t[1]) and t[2] == 0.0
 
 
-def test_power_law_and_proportional_fits():
-    x = np.array([2, 3, 4, 6, 8] * 2, float)
-    fit = im.fit_power_law(x, 5 * x ** 2, n_boot=50)
-    assert fit["slope"] == pytest.approx(2.0) and fit["lo"] == pytest.approx(2.0) and fit["n"] == 10
-    assert math.isnan(im.fit_power_law([2, 2], [1, 3])["slope"])
+def test_proportional_fit():
     b = np.array([1, 2, 3, 4], float)
     assert im.proportional_fit(b, 0.3 * b) == {"c": pytest.approx(0.3), "r2": pytest.approx(1.0)}
     assert im.proportional_fit(b, 0.3 * b + 1.0)["r2"] < 0.5  # an intercept is not proportionality

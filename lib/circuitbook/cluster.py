@@ -27,7 +27,9 @@ from .build import BuildError
 ADDRESS_ENV = "CIRCUITBOOK_RAY_ADDRESS"  # set for a notebook's kernel by a Ray build
 RESOURCES_ENV = "CIRCUITBOOK_RAY_RESOURCES"  # JSON: the resources of that notebook's tasks
 DEFAULT_RESOURCES = {"num_cpus": 1}
-TASK_OVERHEAD_S = 3.0  # scheduling a part on another node and building its ensemble (benchmarks/cluster.py)
+# a part sent to another node: a fresh Ray worker process, its imports, its first evaluation and files (measured
+# 13.9 s per task by benchmarks/cluster.py on a 2-core machine; what a part's ensemble costs is measured on the spot)
+TASK_OVERHEAD_S = 14.0
 CONNECT_TIMEOUT_S = 5.0
 PASS_ENV = ("CIRCUITBOOK_RUNS", "CIRCUITBOOK_ROOT", "CIRCUITBOOK_TINYSTORIES", "CIRCUITBOOK_DEVICE",
             "CIRCUITBOOK_CHUNK", "CIRCUITBOOK_LOCK_LEASE_S", "CIRCUITBOOK_PROGRESS")

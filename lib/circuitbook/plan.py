@@ -28,7 +28,7 @@ from . import params
 from .build import fmt_seconds
 from .book import book_notebooks
 from .train import (PlannedRun, RunSpec, best_chunk, calibrate, chunk_candidates,
-                    count_parameters, default_device, device_name, planning, step_flops, LOCAL_PART_OVERHEAD_S)
+                    count_parameters, default_device, device_name, planning, step_flops)
 
 
 def _tour(cfg):
@@ -234,9 +234,10 @@ def cost(run: PlannedRun, device: torch.device) -> RunCost:
                      micro_batch_size=min(run.train_config.micro_batch_size or small, small))
         spec = RunSpec(run.dir, {}, run.model_config, run.tasks, tc)
         note = (note + "; " if note else "") + f"step timed at batch {small} and scaled to {batch}"
-    times = {c: t * batch / small for c, t in calibrate(spec, sizes, device, repeats=2).items()}
+    cal = calibrate(spec, sizes, device, repeats=2)
+    times = {c: t * batch / small for c, t in cal.step_s.items()}
     per_step = {c: t * math.ceil(K / c) for c, t in times.items()}
-    chunk = best_chunk(K, steps, times, 1, LOCAL_PART_OVERHEAD_S)
+    chunk = best_chunk(K, steps, times, 1, cal.setup_s)
     return RunCost(run, count_parameters(run.model_config), flops_per_step * steps, per_step[chunk] * steps, chunk, note)
 
 

@@ -647,7 +647,6 @@ CHUNK_ENV = "CIRCUITBOOK_CHUNK"
 MIN_CALIBRATED_RUN_S = 60.0  # a run estimated shorter than this trains as one ensemble, uncalibrated
 MIN_CALIBRATED_STEPS = 200  # ... and so does one of fewer steps (calibrating costs about 8 steps of the whole run)
 CALIBRATION_REPEATS = 3  # timed steps per chunk size (after one warm-up); the fastest counts
-LOCAL_PART_OVERHEAD_S = 0.5  # per extra part in one process: its own ensemble, first evaluation, files
 
 
 @dataclass
@@ -686,21 +685,23 @@ def chunk_candidates(n_members: int) -> list[int]:
 
 
 def best_chunk(n_members: int, steps: int, step_seconds: dict[int, float], workers: int = 1,
-               overhead_s: float = LOCAL_PART_OVERHEAD_S) -> int:
-    """The chunk size with the least estimated wall time for the run.
+               setup_seconds: dict[int, float] | None = None, task_overhead_s: float = 0.0) -> int:
+    """The chunk size with the least estimated wall time for the run (ties: the larger chunk).
 
-    A chunk of c members trains in `step_seconds[c]` per step; the ceil(K / c) parts run `workers` at a
-    time; every part beyond the first costs `overhead_s` (its own ensemble, evaluations, files; on a
-    cluster, a task's scheduling). Within 5% of the fastest, the larger chunk wins (fewer parts, and
-    the measurement is noisy).
+    A chunk of c members trains in `step_seconds[c]` per step and costs `setup_seconds[c]` once per part
+    (building its ensemble and optimizer, its first step's allocations: measured by `calibrate`); the
+    ceil(K / c) parts run `workers` at a time, and on a cluster every part beyond the first also pays
+    `task_overhead_s` (a Ray task's process and imports), shared among the workers. No margin: a chunk
+    that is estimated even slightly slower than training one member at a time is not chosen, so a run
+    is never planned slower than its members trained one after another.
     """
+    setup_seconds = setup_seconds or {}
     est = {}
     for c, t in step_seconds.items():
         n = len(split_members(n_members, c))
         rounds = -(-n // max(1, workers))
-        est[c] = rounds * steps * t + (n - 1) * overhead_s / min(n, max(1, workers))
-    fastest = min(est.values())
-    return max(c for c, e in est.items() if e <= 1.05 * fastest)
+        est[c] = rounds * (steps * t + setup_seconds.get(c, 0.0)) + (n - 1) * task_overhead_s / min(n, max(1, workers))
+    return min(est, key=lambda c: (est[c], -c))
 
 
 def _draws_random_numbers(model_cfg) -> bool:
@@ -736,17 +737,18 @@ def choose_chunk(spec: RunSpec, requested=None, device: torch.device | None = No
     if _draws_random_numbers(spec.model):
         return K
     device = device or default_device()
-    whole = calibrate(spec, [K], device, repeats=2)[K]
+    whole = calibrate(spec, [K], device, repeats=2).step_s[K]
     if spec.tc.steps * whole < MIN_CALIBRATED_RUN_S or spec.tc.steps < MIN_CALIBRATED_STEPS:
         return K  # too short for the calibration (a few steps at each size) to pay for itself
     from . import cluster
 
-    workers, overhead = (cluster.worker_slots(), cluster.TASK_OVERHEAD_S) if cluster.active() else (1, LOCAL_PART_OVERHEAD_S)
-    times = calibrate(spec, chunk_candidates(K), device)
-    chunk = best_chunk(K, spec.tc.steps, times, workers, overhead)
+    workers, task_overhead = (cluster.worker_slots(), cluster.TASK_OVERHEAD_S) if cluster.active() else (1, 0.0)
+    cal = calibrate(spec, chunk_candidates(K), device)
+    chunk = best_chunk(K, spec.tc.steps, cal.step_s, workers, cal.setup_s, task_overhead)
     print(f"[circuitbook] {spec.rundir.name}: chunk of {chunk} member(s) of {K} "
-          f"(step seconds by chunk size on {device_name(device)}: "
-          + ", ".join(f"{c}: {t:.3f}" for c, t in times.items()) + f"; {workers} worker(s))", flush=True)
+          f"(seconds per step | per part setup, by chunk size on {device_name(device)}: "
+          + ", ".join(f"{c}: {t:.3f} | {cal.setup_s[c]:.2f}" for c, t in cal.step_s.items())
+          + f"; {workers} worker(s))", flush=True)
     return chunk
 
 
@@ -756,36 +758,52 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
 
 
-_calibrations: dict[str, dict[int, float]] = {}
+@dataclass
+class Calibration:
+    """Measured on the device at hand, per chunk size c: `step_s[c]`, seconds of one training step of c
+    members (forward, backward, optimizer; the fastest of a few), and `setup_s[c]`, the one-off cost of a
+    part of c members (building its ensemble, optimizer and first batch, and its first step's extra time
+    over a steady one). Chunk sizes that do not fit on the device are absent."""
+
+    step_s: dict[int, float]
+    setup_s: dict[int, float]
+
+
+_calibrations: dict[str, Calibration] = {}
 
 
 def calibrate(spec: RunSpec, sizes: Sequence[int], device: torch.device, repeats: int = CALIBRATION_REPEATS
-              ) -> dict[int, float]:
-    """Seconds of one training step (forward, backward, optimizer; no evaluation) of the first c members,
-    for each c in `sizes`, on `device`: the fastest of `repeats` steps after a warm-up, sizes interleaved.
-    Remembered per process for the same model, batch and device."""
+              ) -> Calibration:
+    """Time a training step of the first c members for each c in `sizes` on `device` (no evaluation),
+    sizes interleaved so that a change in the machine's load hits them alike. Remembered per process for
+    the same model, batch and device."""
     key = runs.hash_text(runs.canonical_json([config_to_dict(spec.model), spec.tc.batch_size, spec.tc.micro_batch_size,
                                               spec.tc.precision, spec.tc.optimizer, spec.tasks[0].loss,
-                                              device_name(device), sorted(sizes), repeats]))
-    have = _calibrations.setdefault(key, {})
-    todo = [c for c in sizes if c not in have]
+                                              device_name(device), repeats]))
+    have = _calibrations.setdefault(key, Calibration({}, {}))
+    todo = [c for c in sizes if c not in have.step_s]
     if todo:
-        best = {c: float("inf") for c in todo}
-        steps = {}
+        steps, first = {}, {}
+        _step_fn(spec, min(todo), device)  # the process's one-off costs (first kernels, allocator) are no part's setup
         for c in todo:
             try:
-                steps[c] = _step_fn(spec, c, device)
+                steps[c], first[c] = _step_fn(spec, c, device)
             except torch.cuda.OutOfMemoryError:  # a chunk too big for this device is never chosen
                 torch.cuda.empty_cache()
+        best = {c: float("inf") for c in steps}
         for _ in range(repeats):
             for c, step in steps.items():
                 best[c] = min(best[c], step())
-        have.update(best)
-    return {c: have[c] for c in sizes}
+        have.step_s.update(best)
+        have.setup_s.update({c: max(0.0, first[c] - best[c]) for c in steps})
+    fits = [c for c in sizes if c in have.step_s]
+    return Calibration({c: have.step_s[c] for c in fits}, {c: have.setup_s[c] for c in fits})
 
 
-def _step_fn(spec: RunSpec, c: int, device: torch.device) -> Callable[[], float]:
-    """A timed training step of members 0..c-1 (after one warm-up step); the global RNG is left untouched."""
+def _step_fn(spec: RunSpec, c: int, device: torch.device) -> tuple[Callable[[], float], float]:
+    """A timed training step of members 0..c-1, and the seconds it took to build them and run their first
+    (warm-up) step; the global RNG is left untouched."""
+    t0 = time.perf_counter()
     tc = _member_slice(spec.tc, 0, c)
     with torch.random.fork_rng(devices=[]):
         ens = Ensemble(spec.model, tc.seeds, None, device)
@@ -807,7 +825,7 @@ def _step_fn(spec: RunSpec, c: int, device: torch.device) -> Callable[[], float]
         return time.perf_counter() - t0
 
     step()
-    return step
+    return step, time.perf_counter() - t0
 
 
 def _member_slice(tc: TrainConfig, lo: int, hi: int) -> TrainConfig:

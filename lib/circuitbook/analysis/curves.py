@@ -1,4 +1,4 @@
-"""Reading training curves and sweeps: crossings, steepest rises, thresholds.
+"""Reading training curves and sweeps: crossings, steepest rises, thresholds, power laws.
 
 Every rule here is a documented function of the curve, so a step the book quotes is detected,
 never typed in. Curves are (steps, values) pairs; steps need not be evenly spaced (a released
@@ -6,6 +6,8 @@ run's checkpoints often are not) and are sorted before use. Between evaluations 
 by linear interpolation.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -97,3 +99,60 @@ def threshold(values, accuracies, level: float = 0.9) -> float:
         return float("nan")
     x0, x1, y0, y1 = grid[i], grid[i + 1], mean[i], mean[i + 1]
     return float(x0 + (level - y0) / (y1 - y0) * (x1 - x0))
+
+
+# --------------------------------------------------------------------------- power laws
+@dataclass(frozen=True)
+class PowerLawFit:
+    """log y = log c + exponent * log x (ordinary least squares on the logs).
+
+    ci: the t-based confidence interval of the exponent (level `level`); boot_ci: the percentile
+    bootstrap interval from resampling the points.
+    """
+
+    exponent: float
+    prefactor: float
+    ci: tuple[float, float]
+    boot_ci: tuple[float, float]
+    r2: float
+    n: int
+    level: float
+
+    def contains(self, value: float) -> bool:
+        return self.ci[0] <= value <= self.ci[1]
+
+
+def fit_power_law(x, y, level: float = 0.95, n_boot: int = 2000, seed: int = 0, min_points: int = 3) -> PowerLawFit:
+    """Fit y = c x^exponent on positive, finite points (others are dropped): a delay law, an emergence step
+    against a size. Needs `min_points` points (at least 2) at >= 2 distinct x; with 2, the t-interval is NaN."""
+    from scipy import stats
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    lx, ly = np.log(x[ok]), np.log(y[ok])
+    n = int(ok.sum())
+    if n < max(2, min_points) or np.unique(lx).size < 2:
+        raise ValueError(f"need at least {max(2, min_points)} positive points at >= 2 distinct x to fit a power law; "
+                         f"got {n} at {np.unique(lx).size} distinct x")
+    res = stats.linregress(lx, ly)
+    tcrit = stats.t.ppf(0.5 + level / 2, n - 2) if n > 2 else float("nan")
+    ci = (res.slope - tcrit * res.stderr, res.slope + tcrit * res.stderr)
+    rng = np.random.default_rng(seed)
+    slopes = []
+    for _ in range(n_boot):
+        idx = rng.integers(0, n, n)
+        if np.unique(lx[idx]).size < 2:
+            continue
+        slopes.append(np.polyfit(lx[idx], ly[idx], 1)[0])
+    lo, hi = np.percentile(slopes, [50 * (1 - level), 50 * (1 + level)]) if slopes else (float("nan"),) * 2
+    return PowerLawFit(exponent=float(res.slope), prefactor=float(np.exp(res.intercept)), ci=(float(ci[0]), float(ci[1])),
+                       boot_ci=(float(lo), float(hi)), r2=float(res.rvalue ** 2), n=n, level=level)
+
+
+def fit_power_law_or_none(x, y, n_boot: int = 2000, min_points: int = 3) -> PowerLawFit | None:
+    """`fit_power_law`, or None where too few points are finite and positive to fit (e.g. too few
+    members grokked or an emergence was never reached)."""
+    try:
+        return fit_power_law(x, y, n_boot=n_boot, min_points=min_points)
+    except ValueError:
+        return None

@@ -29,7 +29,7 @@ Grokking (notebook 03, AC-5..AC-7)
     `modular_core_at`, `core_trajectory`, `shift_operator`, `unit_circle_deviation`,
     `grokking_summary`, `dimension_growth`, `eigen_frequencies`.
 Delay law (notebook 04, AC-8)
-    `first_crossing`, `grokking_times`, `fit_power_law`, `fit_power_law_or_none`,
+    `first_crossing`, `grokking_times`, `fit_power_law_or_none` (from `analysis.curves`),
     `per_seed_exponents`, `train_omega_sweep`, `train_p_sweep`.
 Agreement in a language model (notebook 05, AC-9)
     `agreement_margin`, `layer_cores`, `flip_effect`, `greedy_generate`, `first_verb_number`,
@@ -54,6 +54,7 @@ from transformer_lens.hook_points import HookPoint
 
 from ..analysis import ace
 from ..analysis.compare import cca, projector_overlap, weight_cosine
+from ..analysis.curves import fit_power_law_or_none
 from ..models.toy import ToyConfig, ToyTransformer
 from ..tasks.base import Batch
 from ..tasks.markov import MarkovChain, MarkovSequences, next_token_accuracy
@@ -804,59 +805,6 @@ def core_trajectory(run: Run, task: ModularAddition, steps: Sequence[int], membe
 
 
 # --------------------------------------------------------------------------- delay law
-@dataclass(frozen=True)
-class PowerLawFit:
-    """log y = log c + exponent * log x (ordinary least squares on the logs).
-
-    ci: the t-based confidence interval of the exponent (level `level`); boot_ci: the percentile
-    bootstrap interval from resampling the points.
-    """
-
-    exponent: float
-    prefactor: float
-    ci: tuple[float, float]
-    boot_ci: tuple[float, float]
-    r2: float
-    n: int
-    level: float
-
-    def contains(self, value: float) -> bool:
-        return self.ci[0] <= value <= self.ci[1]
-
-
-def fit_power_law(x, y, level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> PowerLawFit:
-    """Fit y = c x^exponent on positive, finite points (others are dropped)."""
-    from scipy import stats
-
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
-    lx, ly = np.log(x[ok]), np.log(y[ok])
-    n = int(ok.sum())
-    if n < 3 or np.unique(lx).size < 2:
-        raise ValueError(f"need at least 3 positive points at >= 2 distinct x to fit a power law; got {n}")
-    res = stats.linregress(lx, ly)
-    tcrit = stats.t.ppf(0.5 + level / 2, n - 2)
-    ci = (res.slope - tcrit * res.stderr, res.slope + tcrit * res.stderr)
-    rng = np.random.default_rng(seed)
-    slopes = []
-    for _ in range(n_boot):
-        idx = rng.integers(0, n, n)
-        if np.unique(lx[idx]).size < 2:
-            continue
-        slopes.append(np.polyfit(lx[idx], ly[idx], 1)[0])
-    lo, hi = np.percentile(slopes, [50 * (1 - level), 50 * (1 + level)]) if slopes else (float("nan"),) * 2
-    return PowerLawFit(exponent=float(res.slope), prefactor=float(np.exp(res.intercept)), ci=(float(ci[0]), float(ci[1])),
-                       boot_ci=(float(lo), float(hi)), r2=float(res.rvalue ** 2), n=n, level=level)
-
-
-def fit_power_law_or_none(x, y, n_boot: int = 2000) -> PowerLawFit | None:
-    """`fit_power_law`, or None where too few points grokked to fit (fewer than 3, or one x)."""
-    try:
-        return fit_power_law(x, y, n_boot=n_boot)
-    except ValueError:
-        return None
-
-
 def per_seed_exponents(times: pd.DataFrame, x: str, y: str = "delay", seed: str = "seed",
                        n_boot: int = 200) -> pd.DataFrame:
     """One power-law fit of y against x per seed (each seed's points across the sweep).

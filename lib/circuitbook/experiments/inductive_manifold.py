@@ -8,7 +8,7 @@ Tasks and symmetries (01)       `example_table`, `pvalue_table`, `power_curve`
 The manifold, IM-1 (02)         `EnumeratedTask`, `gradient_grid`, `broken_assumptions`,
                                 `monte_carlo_outside`, `train_in_and_off_s`
 Two layers, IM-2..IM-4 (03)     `recall_task`, `Probe`, `train_restricted_and_full`, `loss_gap`,
-                                `crossing_steps`, `train_scaling`, `fit_power_law`, `icl_gradient`,
+                                `crossing_steps`, `train_scaling`, `icl_gradient`,
                                 `saturating_delta`, `train_suppression_sweep`, `suppression_table`,
                                 `train_burstiness_sweep`, `burstiness_table`, `train_standard`
 Initialisation, IM-5 (04)       `three_layer_directions`, `CIRCUITS`, `InitTable`, `init_design`,
@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..analysis import imir
+from ..analysis import curves, imir
 from ..tasks.base import Batch, FixedDataset
 from ..tasks.blocklist import KINDS, BlockListTask, rejection_rate, symmetry_test
 from ..train import Run, TrainConfig, _tensor_digest, default_device, train
@@ -314,38 +314,10 @@ def loss_gap(restricted: Run, unrestricted: Run, column: str = "loss_task", scal
 
 
 def crossing_steps(metrics: pd.DataFrame, column: str, threshold: float) -> pd.Series:
-    """Per member: the first step at which `column` reaches `threshold`, linearly interpolated
-    between evaluations (NaN if never)."""
-    out = {}
-    for member, g in metrics.sort_values("step").groupby("member"):
-        x, y = g["step"].to_numpy(float), g[column].to_numpy(float)
-        hit = np.nonzero(y >= threshold)[0]
-        if len(hit) == 0:
-            out[member] = float("nan")
-        elif hit[0] == 0:
-            out[member] = float(x[0])
-        else:
-            i = hit[0]
-            out[member] = float(x[i - 1] + (threshold - y[i - 1]) / (y[i] - y[i - 1]) * (x[i] - x[i - 1]))
-    return pd.Series(out, name=column)
-
-
-def fit_power_law(x, y, n_boot: int = 1000, seed: int = 0) -> dict:
-    """Least-squares slope of log y against log x, with a bootstrap 95% interval over the points."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
-    x, y = np.log(x[keep]), np.log(y[keep])
-    if len(np.unique(x)) < 2:
-        return {"slope": float("nan"), "intercept": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": int(len(x))}
-    slope, intercept = np.polyfit(x, y, 1)
-    rng = np.random.default_rng(seed)
-    boots = []
-    for _ in range(n_boot):
-        i = rng.integers(0, len(x), len(x))
-        if len(np.unique(x[i])) >= 2:
-            boots.append(np.polyfit(x[i], y[i], 1)[0])
-    lo, hi = np.percentile(boots, [2.5, 97.5]) if boots else (float("nan"), float("nan"))
-    return {"slope": float(slope), "intercept": float(intercept), "lo": float(lo), "hi": float(hi), "n": int(len(x))}
+    """Per member: the first step at which `column` reaches `threshold` (`analysis.curves.crossing_step`:
+    linearly interpolated between evaluations, NaN if never)."""
+    return pd.Series({member: curves.crossing_step(g["step"], g[column], threshold)
+                      for member, g in metrics.groupby("member")}, name=column, dtype=float)
 
 
 def train_scaling(ns: Sequence[int], n_pairs: int, seeds: Sequence[int], steps: int, lr: float, batch: int,
