@@ -250,3 +250,16 @@ def test_check_site_script_passes_on_the_smoke_build_and_refuses_a_non_book(smok
     assert (tmp_path / "shots" / f"scorecard-{html.parent.name}-1280.png").exists()
     bad = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True)
     assert bad.returncode != 0 and "is not a built book" in bad.stderr
+
+
+def test_chapter_header_lists_deviations_every_notebook_shares_once():
+    from circuitbook import pages, params
+
+    text = pages.chapter_header("assign_add", "cpu", {"01_task": 6.0}, built="2026-12-01 00:00", rows=[])
+    shared = "steps = 10000 (paper: 40000)"
+    assert all(shared in params.deviations("assign_add", nb, "cpu") for nb in params.notebooks("assign_add"))
+    assert text.count(shared) == 1 and f"- every notebook: {shared}" in text
+    assert "- `01_task` (6 s): nothing else" in text and "- `02_training` (not executed): AA-2" in text
+    # a chapter whose notebooks share nothing lists each notebook's own, the paper's settings where none
+    ac = pages.chapter_header("algorithmic_cores", "cpu", {}, rows=[])
+    assert "every notebook" not in ac and "- `01_planted` (not executed): the paper's settings" in ac

@@ -91,20 +91,24 @@ CLAIMS_MARKER = "<!-- claims-table -->"
 
 def chapter_header(chapter: str, profile: str, seconds: dict[str, float | None], built: str | None = None,
                    rows: list[dict] | None = None) -> str:
-    """What was run: the profile, its deviations from the paper per notebook, wall time and date, and
-    the chapter's verdicts at a glance."""
+    """What was run: the profile, its deviations from the paper (those of every notebook once, then each
+    notebook's own), wall time and date, and the chapter's verdicts at a glance."""
     rows = rows if rows is not None else [r for r in claims.scorecard(profile) if r["chapter"] == chapter]
     total = sum(s for s in seconds.values() if s)
     when = built or time.strftime("%Y-%m-%d %H:%M")
+    devs = {nb: params.deviations(chapter, nb, profile) for nb in params.notebooks(chapter)}
+    shared = [d for d in next(iter(devs.values()), []) if len(devs) > 1 and all(d in v for v in devs.values())]
     lines = ["```{admonition} What was run in this build", ":class: note",
              f"Profile **{profile}**, built {when}; this chapter's notebooks took {total / 60:.1f} min."
              if total else f"Profile **{profile}**, built {when}; no notebook of this chapter was executed.",
-             "Deviations from the paper, per notebook (generated from `profiles.yml`):", ""]
-    for nb in params.notebooks(chapter):
-        devs = params.deviations(chapter, nb, profile)
+             "Deviations from the paper (generated from `profiles.yml`):", ""]
+    if shared:
+        lines.append("- every notebook: " + "; ".join(shared))
+    for nb, own in devs.items():
+        own = [d for d in own if d not in shared]
         secs = seconds.get(nb)
         timing = f" ({secs:.0f} s)" if secs else " (not executed)"
-        lines.append(f"- `{nb}`{timing}: " + ("; ".join(devs) if devs else "the paper's settings"))
+        lines.append(f"- `{nb}`{timing}: " + ("; ".join(own) if own else "nothing else" if shared else "the paper's settings"))
     lines += ["```", "", summary_line(rows) if rows else ""]
     return "\n".join(lines)
 
