@@ -647,6 +647,11 @@ CHUNK_ENV = "CIRCUITBOOK_CHUNK"
 MIN_CALIBRATED_RUN_S = 60.0  # a run estimated shorter than this trains as one ensemble, uncalibrated
 MIN_CALIBRATED_STEPS = 200  # ... and so does one of fewer steps (calibrating costs about 8 steps of the whole run)
 CALIBRATION_REPEATS = 3  # timed steps per chunk size (after one warm-up); the fastest counts
+# A chunk of several members must be estimated this much faster than one member at a time to be chosen:
+# a few timed steps flatter larger chunks by up to ~8% against whole runs on a CPU (benchmarks/ensemble.py:
+# assign_add in pairs calibrated at 1.00x of alone and ran at 0.93x; markov in eights at 1.04x, ran 0.97x),
+# and training members one after another is never slower than itself.
+SEQUENTIAL_MARGIN = 0.10
 
 
 @dataclass
@@ -686,14 +691,14 @@ def chunk_candidates(n_members: int) -> list[int]:
 
 def best_chunk(n_members: int, steps: int, step_seconds: dict[int, float], workers: int = 1,
                setup_seconds: dict[int, float] | None = None, task_overhead_s: float = 0.0) -> int:
-    """The chunk size with the least estimated wall time for the run (ties: the larger chunk).
+    """The chunk size with the least estimated wall time for the run, if it beats one member at a time
+    by more than SEQUENTIAL_MARGIN; else 1.
 
     A chunk of c members trains in `step_seconds[c]` per step and costs `setup_seconds[c]` once per part
     (building its ensemble and optimizer, its first step's allocations: measured by `calibrate`); the
     ceil(K / c) parts run `workers` at a time, and on a cluster every part beyond the first also pays
-    `task_overhead_s` (a Ray task's process and imports), shared among the workers. No margin: a chunk
-    that is estimated even slightly slower than training one member at a time is not chosen, so a run
-    is never planned slower than its members trained one after another.
+    `task_overhead_s` (a Ray task's process and imports), shared among the workers. Ties between chunks
+    above 1 go to the larger (fewer parts to publish).
     """
     setup_seconds = setup_seconds or {}
     est = {}
@@ -701,7 +706,10 @@ def best_chunk(n_members: int, steps: int, step_seconds: dict[int, float], worke
         n = len(split_members(n_members, c))
         rounds = -(-n // max(1, workers))
         est[c] = rounds * (steps * t + setup_seconds.get(c, 0.0)) + (n - 1) * task_overhead_s / min(n, max(1, workers))
-    return min(est, key=lambda c: (est[c], -c))
+    best = min(est, key=lambda c: (est[c], -c))
+    if 1 in est and best != 1 and est[best] > (1 - SEQUENTIAL_MARGIN) * est[1]:
+        return 1
+    return best
 
 
 def _draws_random_numbers(model_cfg) -> bool:
