@@ -648,8 +648,8 @@ MIN_CALIBRATED_RUN_S = 60.0  # a run estimated shorter than this trains as one e
 MIN_CALIBRATED_STEPS = 200  # ... and so does one of fewer steps (calibrating costs about 8 steps of the whole run)
 CALIBRATION_REPEATS = 3  # timed steps per chunk size (after one warm-up); the fastest counts
 # A chunk of several members must be estimated this much faster than one member at a time to be chosen:
-# a few timed steps flatter larger chunks by up to ~8% against whole runs on a CPU (benchmarks/ensemble.py:
-# assign_add in pairs calibrated at 1.00x of alone and ran at 0.93x; markov in eights at 1.04x, ran 0.97x),
+# a few timed steps flatter larger chunks against whole runs on a CPU (benchmarks/README.md: assign_add in
+# pairs calibrated at 1.02x of alone and ran at 0.90x; markov in eights at 1.04-1.09x, ran at 0.97-1.03x),
 # and training members one after another is never slower than itself.
 SEQUENTIAL_MARGIN = 0.10
 
