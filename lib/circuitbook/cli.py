@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from . import build as build_mod
-from . import claims, context, params
+from . import claims, context, params, settings
 from .runs import DamagedRunError, runs_root
 
 
@@ -160,6 +160,10 @@ def cmd_params(a) -> int:
 def cmd_scorecard(a) -> int:
     label = a.label
     if label is not None:
+        try:
+            settings.check_label(label)
+        except settings.SettingError as e:
+            raise params.ParameterError(f"--label {label!r}: {e}") from None
         profile = context.label_profile(label)
         if a.profile and a.profile != profile:
             raise params.ParameterError(f"--label {label} holds results of profile {profile}, not {a.profile}")
@@ -171,6 +175,9 @@ def cmd_scorecard(a) -> int:
     else:
         profile = a.profile or default_profile()
     build_mod.check_store(write=False)
+    empty = _empty_store(label or profile)
+    if empty:
+        print(f"circuitbook scorecard: warning: {empty}: every row below is 'not run'", file=sys.stderr)
     rows = claims.scorecard(profile, label)
     if a.json:
         print(json.dumps(rows, indent=1))
@@ -189,6 +196,20 @@ def cmd_scorecard(a) -> int:
     return 0
 
 
+def _empty_store(label: str) -> str | None:
+    """Why the store holds nothing to grade at `label` (missing, a dangling link, empty), or None."""
+    root, named = runs_root(), Path(os.environ.get("CIRCUITBOOK_RUNS") or runs_root()).expanduser()
+    where = f"the run store {named} ($CIRCUITBOOK_RUNS, else <book>/runs)"
+    if named.is_symlink() and not named.exists():
+        return f"{where} is a dangling link to {os.readlink(named)}"
+    if not root.exists():
+        return f"{where} does not exist"
+    results = root / "results" / label
+    if not results.is_dir() or not any(results.rglob("*.json")):
+        return f"{where} holds no results at {label}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # as a command: die quietly when piped into `head`
         import signal
@@ -197,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     a = parser.parse_args(argv)
     try:
+        settings.check_environment()  # a bad CIRCUITBOOK_* variable is refused before anything runs
         return {"build": cmd_build, "run": cmd_run, "params": cmd_params, "scorecard": cmd_scorecard}[a.command](a)
     except (params.ParameterError, ValueError) as e:  # bad input: nothing was computed
         return _fail(a.command, str(e), 2)

@@ -22,6 +22,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+from . import settings
 from .build import BuildError
 
 ADDRESS_ENV = "CIRCUITBOOK_RAY_ADDRESS"  # set for a notebook's kernel by a Ray build
@@ -31,8 +32,7 @@ DEFAULT_RESOURCES = {"num_cpus": 1}
 # 13.9 s per task by benchmarks/cluster.py on a 2-core machine; what a part's ensemble costs is measured on the spot)
 TASK_OVERHEAD_S = 14.0
 CONNECT_TIMEOUT_S = 5.0
-PASS_ENV = ("CIRCUITBOOK_RUNS", "CIRCUITBOOK_ROOT", "CIRCUITBOOK_TINYSTORIES", "CIRCUITBOOK_DEVICE",
-            "CIRCUITBOOK_CHUNK", "CIRCUITBOOK_LOCK_LEASE_S", "CIRCUITBOOK_PROGRESS")
+PASS_ENV = tuple(name for name, s in settings.SETTINGS.items() if not s.internal)  # what a node's tasks inherit
 
 
 class ClusterError(BuildError):

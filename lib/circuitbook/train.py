@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 from tqdm import tqdm
 
-from . import context, runs
+from . import context, runs, settings
 from .models.registry import config_from_dict, config_to_dict
 from .models.toy import ToyConfig, ToyTransformer
 from .tasks.base import IGNORE_INDEX, Batch, derive_seed
@@ -719,13 +719,11 @@ def _draws_random_numbers(model_cfg) -> bool:
 
 
 def _parse_chunk(choice) -> int | str:
-    if isinstance(choice, int) and not isinstance(choice, bool) and choice >= 1:
-        return choice
-    if isinstance(choice, str) and choice.strip() in ("auto", "all"):
-        return choice.strip()
-    if isinstance(choice, str) and choice.strip().isdigit() and int(choice) >= 1:
-        return int(choice)
-    raise ValueError(f"chunk={choice!r} (or ${CHUNK_ENV}) is not allowed; expected 'auto', 'all' or an integer >= 1")
+    try:
+        return settings.parse_chunk(choice)
+    except settings.SettingError:
+        raise ValueError(f"chunk={choice!r} (or ${CHUNK_ENV}) is not allowed; expected 'auto', 'all' or an "
+                         "integer >= 1") from None
 
 
 def choose_chunk(spec: RunSpec, requested=None, device: torch.device | None = None) -> int:
