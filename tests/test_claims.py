@@ -2,9 +2,10 @@
 import json
 import re
 
+import nbformat
 import pytest
 
-from circuitbook import claims, context, params
+from circuitbook import build, claims, context, params
 from conftest import ROOT
 
 
@@ -45,8 +46,15 @@ def test_scorecard_rows_have_the_promised_fields(runs_dir):
 
 
 def _finish(chapter="demo", notebook="01_make", label="smoke"):
-    """What the build does after a notebook ran to the end."""
-    context.mark(chapter, notebook, label, "ok", "", context.current()["execution"])
+    """What the build does after a notebook ran to the end: mark its results ok and keep the executed
+    notebook, which carries the digest of those results."""
+    data = context.mark(chapter, notebook, label, "ok", "", context.current()["execution"])
+    executed = nbformat.v4.new_notebook(metadata={"circuitbook": {"results_sha256": context.results_digest(data)}})
+    tmp = context.runs_root() / "executed.tmp.ipynb"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(executed, tmp)
+    nb = build.Notebook(context.notebook_source(chapter, notebook), chapter, notebook, data["input_hash"])
+    build._store_execution(label, nb, tmp, 0.0)
 
 
 def test_status_from_recorded_values(mini_book, runs_dir):

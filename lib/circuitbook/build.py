@@ -33,7 +33,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import book, context, pages, params
+from . import book, context, pages, params, settings
 from .book import BookError, Notebook, book_notebooks, compute_hashes, library_hash, toc_files  # noqa: F401
 from .runs import DamagedRunError, atomic_write_bytes, atomic_write_json, read_json, repo_root, runs_root
 
@@ -86,7 +86,7 @@ def build_lock(label: str, log=print):
 # ---------------------------------------------------------------- the execution cache
 
 def executed_path(label: str, nb: Notebook) -> Path:
-    return runs_root() / "executed" / label / nb.path
+    return context.executed_notebook_path(nb.chapter, nb.name, label)
 
 
 def _sha256(path: Path) -> str:
@@ -135,7 +135,7 @@ def _cache_problem(label: str, nb: Notebook, nb_path: Path, meta_path: Path) -> 
                 f"{results.get('status')!r} (an interrupted or failed execution)")
     if results.get("input_hash") != nb.input_hash:
         return f"its results file {context.results_path(nb.chapter, nb.name, label)} belongs to other inputs"
-    return None
+    return context.provenance_problem(nb.chapter, nb.name, label, results)
 
 
 def _store_execution(label: str, nb: Notebook, executed: Path, seconds: float) -> None:
@@ -213,9 +213,9 @@ def execute(nb: Notebook, profile: str, dest: Path, overrides: dict | None = Non
     finally:
         os.environ.clear()
         os.environ.update(env_before)
-    context.mark(nb.chapter, nb.name, label, "ok", "", execution)
+    results = context.mark(nb.chapter, nb.name, label, "ok", "", execution)
     seconds = time.time() - t0
-    _strip_metadata(tmp)
+    _strip_metadata(tmp, context.results_digest(results))
     os.replace(tmp, dest)
     return seconds
 
@@ -248,10 +248,13 @@ def _finish_failed(tmp: Path, dest: Path) -> None:
         tmp.unlink()
 
 
-def _strip_metadata(path: Path) -> None:
+def _strip_metadata(path: Path, results_sha256: str) -> None:
     """Drop papermill's per-cell timing noise; keep outputs. The parameters papermill injects are
-    bookkeeping: their cell is folded like the notebook's own parameters cell (`hide-input`)."""
+    bookkeeping: their cell is folded like the notebook's own parameters cell (`hide-input`). The
+    digest of the results this execution recorded goes into the notebook's metadata, which ties the
+    results file to the notebook that produced it (`context.provenance_problem`)."""
     nb = nbformat.read(path, as_version=4)
+    nb.metadata["circuitbook"] = {"results_sha256": results_sha256}
     for cell in nb.cells:
         cell.metadata.pop("papermill", None)
         cell.metadata.pop("execution", None)
@@ -362,6 +365,7 @@ def build(profile: str, chapters: list[str] | None = None, force: bool = False, 
     for ch in chapters or []:
         if ch not in known:
             raise params.ParameterError(f"--chapter {ch!r} is not a chapter; chapters: {', '.join(known)}")
+    book.check_notebooks(nbs)  # a damaged notebook anywhere is named before anything runs
     compute_hashes(nbs, profile)  # validates every notebook's parameters before anything runs
     _check_claims()
     check_store()
@@ -467,9 +471,11 @@ def run_one(notebook: str, profile: str, overrides: dict, log=print, label: str 
     """
     nb = _find_notebook(notebook, repo_root())
     params.resolve(nb.chapter, nb.name, profile, overrides)  # fail before compute
+    overrides = params.absolute_paths(nb.chapter, nb.name, overrides)
+    book.check_notebooks([nb])
     check_store()
-    if label is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", label):
-        raise params.ParameterError(f"--label {label!r}: use letters, digits, '.', '_' or '-'")
+    if label is not None:
+        settings.check_label_name(label)
     own = not overrides and label is None
     label = profile if own else f"{profile}+{label}" if label else context.results_label(profile, overrides)
     nb.inputs = book.notebook_inputs(nb.chapter, nb.name, profile, overrides)

@@ -392,6 +392,9 @@ def evaluate_claim(chapter: str, claim: dict, label: str) -> dict:
     if results.get("status") != "ok":
         return {**row, "status": f"not run: {where} is still running or was interrupted at {label} "
                                  f"(started {results.get('started', '?')}); its values are not graded"}
+    problem = context.provenance_problem(chapter, claim["notebook"], label, results)
+    if problem:
+        return {**row, "status": f"not run: {problem}; its values are not graded (re-execute {where})"}
     try:
         current = book.notebook_inputs(chapter, claim["notebook"], profile, overrides)
     except ParameterError as e:

@@ -10,11 +10,13 @@ build (or `circuitbook run`) that executed the notebook marks it `ok` or
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from pathlib import Path
 
 from .runs import DamagedRunError, atomic_write_json, canonical_json, read_json, runs_root
+from .settings import check_label
 
 LABEL_ENV = "CIRCUITBOOK_RESULTS_LABEL"  # set by the build / `circuitbook run` for the kernel
 EXECUTION_ENV = "CIRCUITBOOK_EXECUTION_ID"
@@ -35,7 +37,24 @@ def label_profile(label: str) -> str:
 
 
 def results_path(chapter: str, notebook: str, label: str) -> Path:
-    return runs_root() / "results" / label / chapter / f"{notebook}.json"
+    return runs_root() / "results" / check_label(label) / chapter / f"{notebook}.json"
+
+
+def notebook_source(chapter: str, notebook: str) -> str:
+    """The notebook's path in the book, relative to its root (`chapters/x/02_y.ipynb`, `book/tour.ipynb`)."""
+    folder = "book" if chapter == "book" else f"chapters/{chapter}"
+    return f"{folder}/{notebook}.ipynb"
+
+
+def executed_notebook_path(chapter: str, notebook: str, label: str) -> Path:
+    """Where the build keeps the executed notebook whose run wrote the results under `label`."""
+    return runs_root() / "executed" / check_label(label) / notebook_source(chapter, notebook)
+
+
+def results_digest(data: dict) -> str:
+    """SHA-256 of a results record as written (canonical JSON): the executed notebook carries it, so a
+    results file edited after the execution no longer matches the notebook that produced it."""
+    return hashlib.sha256(canonical_json(data).encode()).hexdigest()
 
 
 def begin(params) -> None:
@@ -98,8 +117,35 @@ def read_results(chapter: str, notebook: str, label: str) -> dict | None:
     return data
 
 
-def mark(chapter: str, notebook: str, label: str, status: str, error: str = "", execution: str = "") -> None:
-    """Set the status of a notebook's results after the build ran it.
+def provenance_problem(chapter: str, notebook: str, label: str, data: dict) -> str | None:
+    """None if the results record `data` is the one its executed notebook was produced with; else what
+    is wrong, naming the file. The build records the results' digest in the executed notebook's
+    metadata and the notebook's SHA-256 in its cache record (`build._store_execution`), so editing the
+    results, the notebook or its recorded digest breaks the chain."""
+    executed = executed_notebook_path(chapter, notebook, label)
+    record = executed.with_suffix(".json")
+    if not executed.exists() or not record.exists():
+        return (f"its executed notebook {executed} (or its cache record) is missing, so the results file "
+                f"{results_path(chapter, notebook, label)} cannot be checked against what the notebook showed")
+    data_bytes = executed.read_bytes()
+    try:
+        recorded = read_json(record).get("sha256")
+    except (DamagedRunError, AttributeError):
+        recorded = None
+    if recorded != hashlib.sha256(data_bytes).hexdigest():
+        return f"the executed notebook {executed} does not match the SHA-256 its cache record {record} holds"
+    try:
+        meta = json.loads(data_bytes).get("metadata", {}).get("circuitbook", {})
+    except ValueError:
+        return f"the executed notebook {executed} is not readable"
+    if meta.get("results_sha256") != results_digest(data):
+        return (f"the results file {results_path(chapter, notebook, label)} does not match its executed notebook "
+                f"{executed} (edited after the execution?)")
+    return None
+
+
+def mark(chapter: str, notebook: str, label: str, status: str, error: str = "", execution: str = "") -> dict:
+    """Set the status of a notebook's results after the build ran it; return the record as written.
 
     Only a results file begun by this execution is marked `ok`: one left by an earlier
     execution (the notebook never reached load_params this time) is marked failed.
@@ -117,3 +163,4 @@ def mark(chapter: str, notebook: str, label: str, status: str, error: str = "", 
     data["error"] = error
     data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     atomic_write_json(results_path(chapter, notebook, label), data)
+    return data
