@@ -23,6 +23,10 @@ class BookError(RuntimeError):
     """The book's table of contents or notebook order is wrong."""
 
 
+class NotebookError(params.ParameterError):
+    """A notebook of the book that cannot be executed as it is (unreadable, or without its parameters cell)."""
+
+
 @dataclass
 class Notebook:
     path: str  # relative to the repo, with .ipynb
@@ -84,6 +88,35 @@ def _check_order(nbs: list[Notebook]) -> None:
         seen.add(nb.label)
 
 
+def check_notebooks(nbs: list[Notebook], root: Path | None = None) -> None:
+    """Every notebook is readable and has its `parameters` cell (the notebook contract), checked before
+    any of them runs: a damaged notebook is named here, whichever chapter a build executes."""
+    import ast
+
+    import nbformat
+
+    root = root or repo_root()
+    for nb in nbs:
+        try:
+            cells = nbformat.read(root / nb.path, as_version=4).cells
+        except Exception as e:  # noqa: BLE001 - truncated JSON, not a notebook, unreadable file
+            raise NotebookError(f"{nb.path} is not a readable notebook ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:120] if str(e) else 'no message'}); restore it "
+                                "from git (git checkout -- FILE)") from None
+        tagged = [c for c in cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
+        names = set()
+        for cell in tagged:
+            try:
+                names |= {t.id for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)
+                          for t in node.targets if isinstance(t, ast.Name)}
+            except SyntaxError:
+                pass
+        if not {"profile", "params"} <= names:
+            raise NotebookError(f"{nb.path} has no code cell tagged 'parameters' that sets profile and params "
+                                "(the notebook contract, CONTRIBUTING.md): papermill would have nowhere to put "
+                                "the profile; restore the cell")
+
+
 def notebook_path(chapter: str, notebook: str) -> Path:
     return params.chapter_dir(chapter) / f"{notebook}.ipynb"
 
@@ -125,9 +158,13 @@ def notebook_inputs(chapter: str, notebook: str, profile: str, overrides: dict |
                 for n in params.needs(chapter, notebook)}
     # profiles.yml enters through the values it resolves to: editing another notebook's section, the
     # resources, the estimates or the paper's values and deviations changes no result
-    return {"notebook": _sha(notebook_path(chapter, notebook).read_bytes()),
-            "params": _sha(canonical_json(dict(resolved)).encode()),
-            "library": library_hash(), "upstream": upstream, "profile": profile}
+    inputs = {"notebook": _sha(notebook_path(chapter, notebook).read_bytes()),
+              "params": _sha(canonical_json(dict(resolved)).encode()),
+              "library": library_hash(), "upstream": upstream, "profile": profile}
+    files = params.file_inputs(chapter, notebook, resolved)  # files enter by content, not by name
+    if files:
+        inputs["files"] = files
+    return inputs
 
 
 def inputs_hash(inputs: dict) -> str:
@@ -144,6 +181,9 @@ def what_changed(recorded: dict | None, current: dict) -> list[str]:
         return ["the result records no inputs (written by an older version)"]
     out = [text for key, text in _WHAT.items() if recorded.get(key) != current.get(key)]
     old_up, new_up = recorded.get("upstream") or {}, current.get("upstream") or {}
+    old_files, new_files = recorded.get("files") or {}, current.get("files") or {}
+    out += [f"the file {n} names changed" for n in sorted(set(old_files) | set(new_files))
+            if old_files.get(n) != new_files.get(n)]
     out += [f"upstream {n} changed" for n in sorted(set(old_up) | set(new_up)) if old_up.get(n) != new_up.get(n)]
     return out
 

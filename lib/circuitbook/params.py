@@ -30,7 +30,9 @@ the chapter page.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ from .runs import repo_root
 PROFILES = ("smoke", "cpu", "full")
 SCALAR_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "path": str}
 TYPES = tuple(SCALAR_TYPES) + tuple(f"list[{t}]" for t in ("int", "float", "str"))
-SPEC_KEYS = {"type", "min", "max", "choices", "nullable", "help"}
+SPEC_KEYS = {"type", "min", "max", "choices", "nullable", "help", "env"}
 TOP_SECTIONS = {"parameters", "defaults", "notebooks", "paper", "deviations", *PROFILES}
 NOTEBOOK_SECTIONS = {"needs", "parameters", "defaults", "estimate_s", "paper", "deviations", "resources", *PROFILES}
 INT_LIMIT = 2 ** 63  # what torch and numpy take as an integer (seeds, sizes)
@@ -192,6 +194,7 @@ class ParamSpec:
     choices: tuple | None = None
     nullable: bool = False
     help: str = ""
+    env: str | None = None  # a path parameter whose null means "the file this environment variable names"
 
     @classmethod
     def parse(cls, name: str, raw: dict, where: str) -> "ParamSpec":
@@ -209,9 +212,14 @@ class ParamSpec:
             raise ParameterError(f"{where}: parameter {name!r} has choices {raw['choices']!r}; it must be a list")
         if not isinstance(raw.get("help", ""), str) or not isinstance(raw.get("nullable", False), bool):
             raise ParameterError(f"{where}: parameter {name!r}: help must be a string and nullable true or false")
+        env = raw.get("env")
+        if env is not None and (raw["type"] != "path" or not raw.get("nullable") or not isinstance(env, str)
+                                or not env.isidentifier()):
+            raise ParameterError(f"{where}: parameter {name!r} has env {env!r}; env names the environment variable "
+                                 "a nullable path parameter falls back to (e.g. CIRCUITBOOK_TINYSTORIES)")
         choices = tuple(raw["choices"]) if raw.get("choices") is not None else None
         return cls(name, raw["type"], raw.get("min"), raw.get("max"), choices, bool(raw.get("nullable")),
-                   raw.get("help", ""))
+                   raw.get("help", ""), env)
 
     def allowed(self) -> str:
         """Human-readable description of the allowed values."""
@@ -400,14 +408,78 @@ def _check_path(name: str, value: str, where: str) -> None:
                              f"(give an existing file or folder)")
 
 
+def file_inputs(chapter: str, notebook: str, values: dict) -> dict[str, str]:
+    """The content digests of the files and folders a notebook's parameters name: {label: digest}.
+
+    A `path` parameter, a `str` parameter whose value is an existing file or folder (e.g. a
+    pair_split file), and a null path parameter with `env:` (the file that environment variable
+    names, labelled `name ($VAR)`) enter a notebook's inputs by content and size, never by name: a
+    file edited or replaced after a run makes its results stale, the same file elsewhere does not.
+    """
+    out = {}
+    for name, spec in specs(chapter, notebook).items():
+        if spec.type not in ("path", "str"):
+            continue
+        value, label = values.get(name), name
+        if value is None and spec.env and os.environ.get(spec.env):
+            value, label = os.environ[spec.env], f"{name} (${spec.env})"
+        if isinstance(value, str) and value and (spec.type == "path" or Path(value).expanduser().exists()):
+            out[label] = content_digest(Path(value))
+    return out
+
+
+def absolute_paths(chapter: str, notebook: str, overrides: dict) -> dict:
+    """Overrides with every path they name made absolute (relative to the caller's folder), so the
+    kernel, which runs in the notebook's folder, reads the file the caller meant."""
+    spec = specs(chapter, notebook)
+    out = dict(overrides)
+    for name, value in overrides.items():
+        if name in spec and spec[name].type in ("path", "str") and isinstance(value, str) and value \
+                and (spec[name].type == "path" or Path(value).expanduser().exists()):
+            out[name] = str(Path(value).expanduser().resolve())
+    return out
+
+
+def content_digest(path: Path) -> str:
+    """`sha256:<hex>:<bytes>` of a file, or of a folder's files (relative names and contents);
+    `missing` for a path that does not exist."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return _file_digest(path)
+    if not path.is_dir():
+        return "missing"
+    h, size = hashlib.sha256(), 0
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest = _file_digest(f)
+        h.update(f"{f.relative_to(path).as_posix()}\0{digest}\n".encode())
+        size += int(digest.rsplit(":", 1)[1])
+    return f"sha256:{h.hexdigest()}:{size}"
+
+
+_digests: dict[tuple, str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    if key not in _digests:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _digests[key] = f"sha256:{h.hexdigest()}:{st.st_size}"
+    return _digests[key]
+
+
 def load_params(chapter: str, notebook: str, profile: str, **overrides) -> Params:
     """Resolve and validate a notebook's parameters and make it the current context.
 
     Called in each notebook right after its `parameters` cell; `record()` then
     knows which chapter, notebook and profile its values belong to.
     """
-    from . import context, plotting
+    from . import context, plotting, settings
 
+    settings.check_environment()  # a kernel started by plain papermill checks them here
     params = resolve(chapter, notebook, profile, overrides)
     context.begin(params)
     plotting.use_style()
