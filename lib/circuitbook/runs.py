@@ -127,9 +127,27 @@ def _package_sources(obj) -> set[Path]:
 
 # ---------------------------------------------------------------- atomic writes
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def _umask() -> int:
+    """The process's umask (read, not changed: /proc/self/status where it exists)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        lines = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in lines if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _temporary(path: Path) -> tuple[int, str]:
+    """A temporary file beside `path` with the mode an ordinary new file gets (mkstemp makes it 0600,
+    which other users of a shared store could not read)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~_umask())
+    return fd, tmp
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = _temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -148,8 +166,7 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> str:
     """Write safetensors atomically; return the file's SHA-256."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temporary(path)
     os.close(fd)
     try:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
@@ -247,6 +264,36 @@ class RunDir:
         atomic_write_json(self.manifest_path, {"status": "complete", "key": self.key, "name": self.name,
                                                "files": listing, **(extra or {})})
 
+    def reopen_damaged(self) -> str:
+        """Make a complete run whose files no longer verify trainable again, keeping what is intact;
+        return what will be recomputed.
+
+        The manifest goes (the run is no longer complete). A damaged checkpoint goes with every later
+        one, so training resumes from the last intact checkpoint before it and rewrites the rest (a
+        later checkpoint kept would be resumed from, leaving the damaged one sealed into the run).
+        Metrics that do not match their digest cannot be trusted row by row: they go, and the run
+        trains again from its start. An unreadable manifest names nothing: everything goes.
+        """
+        try:
+            listed = self.manifest()["files"]
+        except (DamagedRunError, KeyError, TypeError):
+            self.wipe()
+            return "recomputing it from the start"
+        damaged = [rel for rel, info in listed.items() if _file_problem(self.path / rel, info)]
+        ckpt_steps = [_step_of_checkpoint(rel) for rel in damaged if rel.startswith("ckpt/")]
+        first_bad = min(ckpt_steps) if ckpt_steps else None
+        for f in self.path.glob("ckpt/step_*"):
+            if first_bad is not None and _step_of_checkpoint(f.name) >= first_bad:
+                f.unlink(missing_ok=True)
+        if "metrics.jsonl" in damaged:
+            self.file("metrics.jsonl").unlink(missing_ok=True)
+        self.manifest_path.unlink(missing_ok=True)
+        if "metrics.jsonl" in damaged or not any(self.path.glob("ckpt/step_*.json")):
+            return "recomputing it from the start"
+        if first_bad is None:
+            return "resealing it"
+        return f"going on from its last intact checkpoint before step {first_bad}"
+
     def wipe(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
 
@@ -267,6 +314,13 @@ class RunDir:
 
 LEASE_ENV = "CIRCUITBOOK_LOCK_LEASE_S"
 DEFAULT_LEASE_S = 60.0
+
+
+def lease_seconds() -> float:
+    """$CIRCUITBOOK_LOCK_LEASE_S, else DEFAULT_LEASE_S."""
+    from .settings import parse_seconds
+
+    return parse_seconds(os.environ[LEASE_ENV]) if os.environ.get(LEASE_ENV) else DEFAULT_LEASE_S
 
 
 class LockLost(RuntimeError):
@@ -305,7 +359,7 @@ class LeaseLock:
 
     def __init__(self, path: Path, lease: float | None = None):
         self.path = Path(path)
-        self.lease = float(lease if lease is not None else os.environ.get(LEASE_ENV, DEFAULT_LEASE_S))
+        self.lease = float(lease) if lease is not None else lease_seconds()
         self.mine: Path | None = None
         self._stop = threading.Event()
         self._lost = threading.Event()
@@ -384,11 +438,25 @@ class LeaseLock:
         said = False
         while not self.try_acquire(watch):
             if not said:
-                print(f"waiting for another process holding {self.path} ...", flush=True)
+                print(f"waiting for {self.path}: {self._describe_holder()}", flush=True)
                 said = True
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"lock {self.path} is held by another process")
             time.sleep(poll)
+
+    def _describe_holder(self) -> str:
+        """Who holds the lock and how long a waiter may wait for a holder that stopped."""
+        gens = self._generations()
+        holder = self._holder(gens[-1][1]) if gens else {}
+        if not holder:
+            return "held by another process"
+        host = str(holder.get("host", "?")).split("/")[0]
+        since = time.strftime("%H:%M:%S", time.localtime(holder["since"])) if "since" in holder else "?"
+        here = holder.get("host") == _host_id()
+        takeover = ("at once if that process is gone" if here else
+                    f"after {self.lease:g} s without its heartbeat ({LEASE_ENV})")
+        return (f"held by pid {holder.get('pid', '?')} on {host}{' (this host)' if here else ''} since {since}; "
+                f"it is taken over {takeover}, else this waits until it is released")
 
     def _start(self) -> bool:
         self._stop.clear()
@@ -445,6 +513,11 @@ def _cached_sha(path: Path) -> str:
     return _sha_cache[key]
 
 
+def _step_of_checkpoint(name: str) -> int:
+    """The step of `ckpt/step_00000040.safetensors` (or its .json marker)."""
+    return int(Path(name).name.split(".")[0][len("step_"):])
+
+
 def _file_problem(path: Path, info: dict) -> str:
     if not path.exists():
         return "is missing"
@@ -471,14 +544,15 @@ class Store:
         return RunDir(self.root / name / key, name, key)
 
     def open_complete(self, rundir: RunDir) -> bool:
-        """True if the run is complete and intact; a damaged complete run is wiped."""
+        """True if the run is complete and intact. A damaged complete run is reopened for training
+        (`RunDir.reopen_damaged`): it goes on from its last intact checkpoint before the damage."""
         complete, why = rundir.check_complete()
         if complete:
             return True
         if rundir.manifest_path.exists():
-            warnings.warn(f"run {rundir.path} is damaged: {why}; recomputing it", stacklevel=3)
-            print(f"[circuitbook] run {rundir.path} is damaged: {why}; recomputing it", flush=True)
-            rundir.wipe()
+            how = rundir.reopen_damaged()
+            warnings.warn(f"run {rundir.path} is damaged: {why}; {how}", stacklevel=3)
+            print(f"[circuitbook] run {rundir.path} is damaged: {why}; {how}", flush=True)
         return False
 
 
