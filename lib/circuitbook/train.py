@@ -669,7 +669,12 @@ class _Trainer:
         return accumulate_gradients(self.ens, tokens, labels, kind, self.tc)
 
     def run(self) -> None:
-        with device_policy(self.ens.device):
+        # The run draws its random numbers (dropout) from its own stream, seeded from its members' seeds, so it
+        # repeats in any process (torch seeds its global generator at random in each one); a resumed run
+        # loads the stream's state from its checkpoint. The caller's generators are left as they were.
+        devices = [self.ens.device] if self.ens.device.type == "cuda" else []
+        with device_policy(self.ens.device), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(derive_seed("train", *self.tc.seeds))
             self._run()
 
     def _run(self) -> None:
