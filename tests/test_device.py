@@ -171,7 +171,9 @@ def test_dry_run_visit_packs_what_comes_back_and_imports_elsewhere(tmp_path, mon
     from circuitbook import claims, transfer
 
     monkeypatch.setenv("CIRCUITBOOK_RUNS", str(tmp_path / "home-runs"))
-    imported = transfer.import_results(archives)
+    imported = transfer.import_results(archives, benchmarks_dir=tmp_path / "bench")
+    assert not (tmp_path / "bench").exists(), "only a GPU's results (*cuda*) go to benchmarks/results"
+    assert (tmp_path / "home-runs" / "imported" / "smoke" / "benchmarks" / "gpu_cpu.json").exists()
     ran = [r["notebook"] for g in done for r in g["notebooks"] if r["status"] == "ok"]
     assert sorted(imported.current) == sorted(ran) and not imported.stale
     rows = [r for r in claims.scorecard("smoke") if r["chapter"] == "algorithmic_cores"

@@ -205,3 +205,21 @@ def test_executed_notebook_is_a_notebook_after_import(exported, clone_b):
     transfer.import_results(exported)
     nb = build.Notebook("chapters/demo/02_use.ipynb", "demo", "02_use")
     assert any("twice" in str(c.get("outputs")) for c in nbformat.read(build.executed_path("smoke", nb), 4).cells)
+
+
+def test_benchmarks_and_logs_travel_and_a_gpus_results_land_in_benchmarks(clone_a, tmp_path, monkeypatch):
+    monkeypatch.setenv("CIRCUITBOOK_ROOT", str(clone_a[0]))
+    monkeypatch.setenv("CIRCUITBOOK_RUNS", str(clone_a[1]))
+    (tmp_path / "gpu_cuda.json").write_text('{"speedup": 3}')
+    (tmp_path / "gpu_cpu.json").write_text('{"speedup": 1}')
+    (tmp_path / "visit.txt").write_text("log")
+    extra = {"benchmarks/gpu_cuda.json": tmp_path / "gpu_cuda.json", "benchmarks/gpu_cpu.json": tmp_path / "gpu_cpu.json",
+             "logs/visit.txt": tmp_path / "visit.txt"}
+    archives = transfer.export_results("smoke", tmp_path / "out", extra=extra)["archives"]
+    with pytest.raises(transfer.TransferError, match="must go under benchmarks/ or logs/"):
+        transfer.export_results("smoke", tmp_path / "bad", extra={"runs/x": tmp_path / "visit.txt"})
+    monkeypatch.setenv("CIRCUITBOOK_RUNS", str(tmp_path / "runs_b"))
+    done = transfer.import_results(archives, benchmarks_dir=tmp_path / "bench")
+    assert done.files == [tmp_path / "bench" / "gpu_cuda.json"] and done.metrics == 0
+    assert (tmp_path / "runs_b" / "imported" / "smoke" / "logs" / "visit.txt").read_text() == "log"
+    assert (tmp_path / "runs_b" / "imported" / "smoke" / "benchmarks" / "gpu_cpu.json").exists()

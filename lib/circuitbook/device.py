@@ -135,7 +135,6 @@ def visit(a) -> int:
         folder.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("CIRCUITBOOK_RUNS", str(work / "runs"))
     os.environ.setdefault("CIRCUITBOOK_PROGRESS", "0")
-    os.environ.setdefault("MPLBACKEND", "Agg")
     log(f"visit: profile {profile}, budget {a.budget_s:.0f} s ({left():.0f} s left after the start), "
         f"run store {os.environ['CIRCUITBOOK_RUNS']}, output {out}")
     info = machine_info()

@@ -274,8 +274,11 @@ def _check_notebook(path: Path, entry: dict, files: dict[str, bytes], label: str
     return results
 
 
-def import_results(archives: list[Path], log=print) -> Imported:
-    """Check every archive, then place their contents in this run store (see the module docstring)."""
+def import_results(archives: list[Path], log=print, benchmarks_dir: Path | None = None) -> Imported:
+    """Check every archive, then place their contents in this run store (see the module docstring).
+
+    Run metrics, logs and benchmark results go under <runs>/imported/; benchmark results measured on a
+    GPU (`*cuda*`) also go to benchmarks_dir (default: the checkout's benchmarks/results/)."""
     if not archives:
         raise TransferError("name at least one archive (circuitbook-results-LABEL-N.tar.gz)")
     read = [(Path(a), *_read_archive(Path(a))) for a in archives]
@@ -332,9 +335,11 @@ def import_results(archives: list[Path], log=print) -> Imported:
             elif parts[0] == "logs":
                 atomic_write_bytes(runs_root() / "imported" / label / name, data)
             elif parts[0] == "benchmarks":
-                dest = repo_root() / "benchmarks" / "results" / parts[-1]
-                atomic_write_bytes(dest, data)
-                out.files.append(dest)
+                atomic_write_bytes(runs_root() / "imported" / label / name, data)
+                if "cuda" in parts[-1]:  # a GPU's results belong with the others, to be committed
+                    dest = (benchmarks_dir or repo_root() / "benchmarks" / "results") / parts[-1]
+                    atomic_write_bytes(dest, data)
+                    out.files.append(dest)
     return out
 
 
