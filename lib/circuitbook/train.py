@@ -45,6 +45,10 @@ from .models.registry import config_from_dict, config_to_dict
 from .models.toy import ToyConfig, ToyTransformer
 from .tasks.base import IGNORE_INDEX, Batch, derive_seed
 
+# cuBLAS reproduces its results only with a fixed workspace; it must be set before the first cuBLAS call of the
+# process, hence here, on import (CPU training ignores it). See device_policy.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
 OPTIMIZERS = ("adamw", "sgd")
 LOSSES = ("last", "next_token")
 PRECISIONS = ("fp32", "bf16")  # bf16: autocast of the forward pass (the Assign-and-Add authors' GPU setting)
@@ -306,6 +310,55 @@ def fingerprint(obj) -> object:
     return {"callable": getattr(obj, "__qualname__", type(obj).__name__), "source": runs.hash_text(src)[:16]}
 
 
+# ---------------------------------------------------------------- the device
+
+@contextlib.contextmanager
+def device_policy(device: torch.device):
+    """What training on `device` fixes about its arithmetic, the same for every chapter.
+
+    fp32 matrix products run in full fp32 (`set_float32_matmul_precision("highest")`: no TF32 on a
+    GPU), so a run trained on CUDA matches the same run on a CPU to float rounding (tests/test_cuda.py
+    states the tolerances). On CUDA, deterministic algorithms are switched on (warn_only): the
+    scatter-adds in the backward of gathers, index_select and embeddings, which are atomic adds in an
+    arbitrary order otherwise, take their deterministic implementations, so a resumed or repeated CUDA
+    run ends with the same numbers as its uninterrupted self; an op with no deterministic implementation
+    warns instead of failing. The previous settings are restored on exit. A CPU is deterministic as it is.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.get_float32_matmul_precision())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.set_float32_matmul_precision(before[2])
+
+
+DEADLINE_ENV = "CIRCUITBOOK_DEADLINE"  # unix time after which train() starts no new run (a GPU visit's budget)
+
+
+class BudgetExhausted(RuntimeError):
+    """The time budget ($CIRCUITBOOK_DEADLINE) ended before a run started: stopped between runs."""
+
+
+def check_deadline(name: str) -> None:
+    """Refuse to start training `name` once $CIRCUITBOOK_DEADLINE has passed (cached runs still load)."""
+    raw = os.environ.get(DEADLINE_ENV)
+    if not raw:
+        return
+    try:
+        deadline = float(raw)
+    except ValueError:
+        raise ValueError(f"${DEADLINE_ENV}={raw!r} is not a unix time in seconds") from None
+    if time.time() > deadline:
+        raise BudgetExhausted(f"the time budget (${DEADLINE_ENV}) ended before run {name} started; stopped "
+                              "between runs, nothing half-trained")
+
+
 # ---------------------------------------------------------------- runs
 
 def default_device(device: str | None = None) -> torch.device:
@@ -424,6 +477,7 @@ def train(name: str, model, task, config: TrainConfig, *, evaluate: EvalFn | Non
         if store.open_complete(rundir):
             print(f"[circuitbook] cached run {rundir.name} ({rundir.key}) at {rundir.path}", flush=True)
         else:
+            check_deadline(rundir.name)
             spec = RunSpec(rundir, full_config, model, tasks, config, evaluate, init_fn, fork_from)
             dev = default_device(device)
             size = _existing_chunk(rundir) or choose_chunk(spec, chunk, dev)
@@ -491,6 +545,8 @@ class _Trainer:
         tensors = {f"param.{n}": p for n, p in self.ens.state().items()}
         tensors.update({f"opt.{n}": t for n, t in self.opt.state().items()})
         tensors["rng.torch"] = torch.get_rng_state()
+        if self.ens.device.type == "cuda":  # dropout draws on the GPU's generator: a resumed run needs it too
+            tensors["rng.cuda"] = torch.cuda.get_rng_state(self.ens.device)
         rel = _ckpt_rel(step)
         digest = runs.save_tensors(self.dir.file(rel), tensors)
         # the JSON marker is written last: a checkpoint without it never counts
@@ -509,6 +565,8 @@ class _Trainer:
         self.ens.load_state({k[6:]: v for k, v in tensors.items() if k.startswith("param.")})
         self.opt.load_state({k[4:]: v for k, v in tensors.items() if k.startswith("opt.")}, self.opt.t)
         torch.set_rng_state(tensors["rng.torch"])
+        if "rng.cuda" in tensors and self.ens.device.type == "cuda":
+            torch.cuda.set_rng_state(tensors["rng.cuda"], self.ens.device)
 
     def _resume(self) -> int:
         """Load the newest intact checkpoint that an intact metrics history reaches; return its step.
@@ -611,6 +669,15 @@ class _Trainer:
         return accumulate_gradients(self.ens, tokens, labels, kind, self.tc)
 
     def run(self) -> None:
+        # The run draws its random numbers (dropout) from its own stream, seeded from its members' seeds, so it
+        # repeats in any process (torch seeds its global generator at random in each one); a resumed run
+        # loads the stream's state from its checkpoint. The caller's generators are left as they were.
+        devices = [self.ens.device] if self.ens.device.type == "cuda" else []
+        with device_policy(self.ens.device), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(derive_seed("train", *self.tc.seeds))
+            self._run()
+
+    def _run(self) -> None:
         self.dir.path.mkdir(parents=True, exist_ok=True)
         runs.atomic_write_json(self.dir.file("config.json"), self.full_config)
         step = self._resume()
@@ -790,16 +857,17 @@ def calibrate(spec: RunSpec, sizes: Sequence[int], device: torch.device, repeats
     todo = [c for c in sizes if c not in have.step_s]
     if todo:
         steps, first = {}, {}
-        _step_fn(spec, min(todo), device)  # the process's one-off costs (first kernels, allocator) are no part's setup
-        for c in todo:
-            try:
-                steps[c], first[c] = _step_fn(spec, c, device)
-            except torch.cuda.OutOfMemoryError:  # a chunk too big for this device is never chosen
-                torch.cuda.empty_cache()
-        best = {c: float("inf") for c in steps}
-        for _ in range(repeats):
-            for c, step in steps.items():
-                best[c] = min(best[c], step())
+        with device_policy(device):  # timed with the kernels training will use
+            _step_fn(spec, min(todo), device)  # the process's one-off costs (first kernels, allocator) are no part's setup
+            for c in todo:
+                try:
+                    steps[c], first[c] = _step_fn(spec, c, device)
+                except torch.cuda.OutOfMemoryError:  # a chunk too big for this device is never chosen
+                    torch.cuda.empty_cache()
+            best = {c: float("inf") for c in steps}
+            for _ in range(repeats):
+                for c, step in steps.items():
+                    best[c] = min(best[c], step())
         have.step_s.update(best)
         have.setup_s.update({c: max(0.0, first[c] - best[c]) for c in steps})
     fits = [c for c in sizes if c in have.step_s]
