@@ -533,12 +533,3 @@ def test_agreement_pipeline_on_the_tiny_model():
     h = torch.randn(5, cores[1].dim)
     once = ace.apply_intervention(h, cores[1].Q.float(), cores[1].mu.float(), "flip")
     assert torch.allclose(ace.apply_intervention(once, cores[1].Q.float(), cores[1].mu.float(), "flip"), h, atol=1e-5)
-
-
-def test_crystallisation_ratios_read_a_missing_core_as_failing_not_as_passing():
-    inf, nan = math.inf, float("nan")
-    out = ac.crystallisation_ratios(core_before=[30, inf, inf, 20, nan], core_at=[8, 8, inf, inf, 5],
-                                    sufficient_at=[6, 8, 5, 4, 5], necessary_k_at=[3, 8, inf, inf, 2])
-    assert out["dim_ratio"][:4] == [8 / 30, 0.0, inf, inf] and math.isnan(out["dim_ratio"][4])
-    assert out["sufficient_over_core"][:2] == [0.75, 1.0] and math.isnan(out["sufficient_over_core"][2])
-    assert out["necessary_over_core"] == [3 / 8, 1.0, inf, inf, 0.4]

@@ -1280,27 +1280,6 @@ def grokking_summary(traj: pd.DataFrame, times: pd.DataFrame, tau_grok: float) -
     return pd.DataFrame(rows)
 
 
-def crystallisation_ratios(core_before, core_at, sufficient_at, necessary_k_at) -> dict[str, list[float]]:
-    """AC-5's ratios per seed from the paper's core dimension (max(energy rank, necessary dimension)).
-
-    dim_ratio = core at grokking / the largest core before it: inf when there is no finite core at grokking
-    (not low-dimensional), 0 when there was none before but is one at grokking. sufficient_over_core =
-    sufficient dimension / core dimension (nan without a finite core: nothing to be sufficient).
-    necessary_over_core = the smallest k whose removal drops accuracy to 2/p / the core dimension: inf when no
-    k does (the core is not necessary). NaN inputs (not measured) stay NaN.
-    """
-    before, at = np.asarray(core_before, float), np.asarray(core_at, float)
-    suff, nec = np.asarray(sufficient_at, float), np.asarray(necessary_k_at, float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        dim = np.where(np.isinf(at), np.inf, at / before)
-        dim = np.where(np.isnan(at) | np.isnan(before), np.nan, dim)
-        sufficient = np.where(np.isfinite(at), suff / at, np.nan)
-        necessary = np.where(np.isinf(nec), np.inf, nec / at)
-        necessary = np.where(np.isnan(nec) | np.isnan(at), np.nan, necessary)
-    return {"dim_ratio": dim.tolist(), "sufficient_over_core": sufficient.tolist(),
-            "necessary_over_core": necessary.tolist()}
-
-
 def column_values(frame: pd.DataFrame, column: str, **where) -> list[float]:
     """frame[column] as a list of floats (one per row, e.g. per seed), on the rows where every
     `where` column equals its value; non-numbers become nan, and a missing column gives one nan per row."""
