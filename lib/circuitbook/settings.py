@@ -114,6 +114,8 @@ SETTINGS = {s.name: s for s in [
     Setting("CIRCUITBOOK_RUNS", _absolute, "the run store (default: <book>/runs)"),
     Setting("CIRCUITBOOK_ROOT", _book_root, "the book's root (default: the checkout holding the library)"),
     Setting("CIRCUITBOOK_TINYSTORIES", _existing_path, "the TinyStories text the leading_terms chapter reads"),
+    Setting("CIRCUITBOOK_MODEL_CACHE", _absolute, "where converted pretrained models are kept (default "
+                                                   "~/.cache/circuitbook/models)"),
     Setting("CIRCUITBOOK_DEVICE", _device, "where to train (default: CUDA when available, else CPU)"),
     Setting("CIRCUITBOOK_CHUNK", parse_chunk, "how many ensemble members train together: auto, all or N"),
     Setting("CIRCUITBOOK_LOCK_LEASE_S", parse_seconds, "seconds before another host takes over a silent lock"),
@@ -124,7 +126,7 @@ SETTINGS = {s.name: s for s in [
     Setting("CIRCUITBOOK_RESULTS_LABEL", _label, "the results label of the execution", internal=True),
     Setting("CIRCUITBOOK_EXECUTION_ID", _any, "the id of the execution", internal=True),
 ]}
-PATH_SETTINGS = ("CIRCUITBOOK_RUNS", "CIRCUITBOOK_ROOT", "CIRCUITBOOK_TINYSTORIES")
+PATH_SETTINGS = ("CIRCUITBOOK_RUNS", "CIRCUITBOOK_ROOT", "CIRCUITBOOK_TINYSTORIES", "CIRCUITBOOK_MODEL_CACHE")
 
 
 def check_environment(environ=None) -> None:
