@@ -57,3 +57,19 @@ def test_attention_patterns_match_a_uniform_head():
     p0, p1b = attention.attention_patterns(model, tokens)
     torch.testing.assert_close(p1b, p1)
     torch.testing.assert_close(p0.sum(-1), torch.ones(3, 1, 4))
+
+
+def test_top_key_share_against_named_competitors():
+    # key 0 and 1 are the targets, read equally; key 2 competes; key 3 (say, the query's own token) does not
+    rows = torch.tensor([[0.35, 0.35, 0.2, 0.1],
+                         [0.30, 0.10, 0.2, 0.4],    # target 1 loses to the competitor; key 3 is not one
+                         [0.20, 0.20, 0.2, 0.4]])   # a tie with a competitor is not "more"
+    targets = torch.tensor([[True, True, False, False]] * 3)
+    competitors = torch.tensor([[False, False, True, False]] * 3)
+    assert attention.top_key_share(rows, targets, competitors) == pytest.approx(3 / 6)
+    assert attention.top_key_share(rows, targets) == pytest.approx(2 / 6)  # every other key competes
+    # a target listed as a competitor too is still never its own rival; a row with no competitor counts
+    assert attention.top_key_share(rows, targets, torch.ones(3, 4, dtype=torch.bool)) == pytest.approx(2 / 6)
+    assert attention.top_key_share(rows, targets, torch.zeros(3, 4, dtype=torch.bool)) == 1.0
+    with pytest.raises(ValueError, match="competitors must all be"):
+        attention.top_key_share(rows, targets, competitors[:, :3])

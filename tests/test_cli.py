@@ -19,8 +19,9 @@ def run_cli(args, capsys):
 
 def test_help_documents_every_command(capsys):
     code, out, _ = run_cli(["--help"], capsys)
-    assert code == 0 and all(c in out for c in ("build", "run", "params", "scorecard"))
+    assert code == 0 and all(c in out for c in ("build", "run", "release", "params", "scorecard"))
     for cmd, flags in [("build", ["--profile", "--chapter", "--force", "--keep-going"]), ("run", ["-p", "--profile"]),
+                       ("release", ["-p", "--label", "--profile", "--json"]),
                        ("params", ["--profile"]), ("scorecard", ["--json", "--profile"])]:
         code, out, _ = run_cli([cmd, "--help"], capsys)
         assert code == 0 and all(f in out for f in flags), cmd

@@ -2,6 +2,7 @@
 known jumps, the AA-8 pipeline on residuals built to be identical, the AA-9 pipeline on a model with
 planted Fourier neurons, the AA-12 theory block on hand-made sequences, attention measures on
 hand-built patterns, released runs read from a directory of step checkpoints."""
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import circuitbook as cb
-from circuitbook.analysis import attention, fourier
+from circuitbook.analysis import attention, curves, fourier
 from circuitbook.experiments import assign_add as ea
 from circuitbook.tasks.assign_add import N_VARS, AssignAddTask
 
@@ -34,7 +35,8 @@ def ramp(steps, start, end, lo, hi):
 def synthetic_metrics(shift=0, members=1):
     """Curves made of linear ramps, so every detected step has an exact answer (window 1000):
     0-var 0.02 -> 1 over [500, 1500]; 1-var 0.1 -> 1 over [5000, 6000], 2-var over [5200, 6200];
-    QK identity 0 -> 0.9 over [5100, 6100]; bound attention 0.05 -> 0.8 over [5300, 6300];
+    QK identity 0 -> 0.9 over [5100, 6100]; bound attention 0.05 -> 0.8 over [5300, 6300], and the
+    bound value's lead over the other values 0.4 -> 1 over the same steps;
     routing 0.1 -> 0.95 over [2000, 3000]; hard pools 0.02 -> 0.2 with the jump, + 0.78 over
     [14000, 15000]. Member k is shifted by k * shift steps (after the addition phase)."""
     s = np.arange(0, 20001, 100)
@@ -47,6 +49,7 @@ def synthetic_metrics(shift=0, members=1):
         df["acc_two_var_train"] = ramp(s, 5200 + d, 6200 + d, 0.1, 1.0)
         df["qk_identity"] = ramp(s, 5100 + d, 6100 + d, 0.0, 0.9)
         df["bound_1var"] = df["bound_2var"] = ramp(s, 5300 + d, 6300 + d, 0.05, 0.8)
+        df["bound_over_values"] = ramp(s, 5300 + d, 6300 + d, 0.4, 1.0)
         df["routing"] = ramp(s, 2000, 3000, 0.1, 0.95)
         for p in ea.HARD_POOLS:
             df[f"acc_{p}"] = ramp(s, 5000 + d, 6000 + d, 0.02, 0.2) + ramp(s, 14000 + d, 15000 + d, 0.0, 0.78)
@@ -86,6 +89,56 @@ def test_detect_phases_without_refinement_or_jump():
         ea.detect_phases(m, member=3)
 
 
+def plateau_metrics():
+    """The authors' order of events, planted: 0-var 0.02 -> 1 over [300, 800] (addition at step
+    300 + 0.88 / 0.98 * 500 = 749); with it the variable accuracy rises 0.02 -> 0.41 over [400, 900]
+    (a model that adds a uniformly chosen assigned value: E[1/k]), stays there, jumps to 0.75 over
+    [5300, 5400] and creeps to 1.0 by step 15,000. With a window of 1,000 the early rise (0.39)
+    beats the jump's window (0.34 + 0.25 * 900 / 9600 = 0.363): a search from step 0 finds it."""
+    s = np.arange(0, 20001, 100)
+    df = pd.DataFrame({"step": s, "member": 0, "seed": 42})
+    df["acc_zero_var_train"] = ramp(s, 300, 800, 0.02, 1.0)
+    var = ramp(s, 400, 900, 0.02, 0.41) + ramp(s, 5300, 5400, 0.0, 0.34) + ramp(s, 5400, 15000, 0.0, 0.25)
+    df["acc_one_var_train"] = df["acc_two_var_train"] = var
+    for p in ea.HARD_POOLS:
+        df[f"acc_{p}"] = 0.5 * var
+    for c in ("qk_identity", "routing"):
+        df[c] = ramp(s, 5300, 5400, 0.0, 0.9)
+    # `=`'s summed attention to the bound value rises early with its attention to every prefix number
+    # (half-way at step 283), dips and rises a little at the jump; the bound value's lead over the
+    # other values rises a little with the plateau and for good with the jump
+    df["bound_1var"] = df["bound_2var"] = (ramp(s, 100, 400, 0.05, 0.5) - ramp(s, 1000, 2000, 0.0, 0.1)
+                                           + ramp(s, 5300, 5500, 0.0, 0.2))
+    df["bound_over_values"] = ramp(s, 400, 900, 0.2, 0.41) + ramp(s, 5300, 5500, 0.0, 0.59)
+    return df
+
+
+@pytest.mark.parametrize("window", [100, 300, 1000, 2000, 4000])
+def test_the_jump_is_the_rise_from_the_e1k_plateau_whatever_the_window(window):
+    m = plateau_metrics()
+    ph = ea.detect_phases(m, window=window)
+    assert ph.jump_from == pytest.approx(300 + 0.88 / 0.98 * 500)
+    # the detected window holds the planted jump (5300 -> 5400), not the early rise
+    assert ph.jump_step - window / 2 <= 5300 + 1e-6 and ph.jump_step + window / 2 >= 5400 - 1e-6
+    # the share is of the rise after the addition phase: from the value at step 749 to 1.0
+    after_addition = 1.0 - (0.02 + 0.39 * (ph.jump_from - 400) / 500)
+    assert ph.jump_share == pytest.approx(ph.jump_rise / after_addition)
+    # the bound value's lead is half-way (from its value after the addition phase to 1.0) inside the
+    # planted rise; the summed attention's half-way step would be 283
+    assert 5300 < ph.bound_step < 5500
+    assert curves.half_way_step(m.step, m.bound_1var) == pytest.approx(283.3, abs=0.1)
+
+
+def test_the_early_plateau_rise_won_when_the_jump_was_searched_from_step_0():
+    """What the rule replaced: the steepest window over the whole run is the early rise."""
+    m = plateau_metrics()
+    step, rise = curves.steepest_rise(m.step, m.acc_one_var_train, 1000)
+    assert step < 1500 and rise == pytest.approx(0.39)
+    ph = ea.detect_phases(m, window=1000)
+    assert 4800 <= ph.jump_step <= 5900 and ph.jump_share > 0.5
+    assert ph.jump_rise / (1.0 - 0.02) < 0.5  # the old share (of the rise from step 0) called it not sharp
+
+
 def test_phases_table_has_one_row_per_seed():
     table = ea.phases_table(synthetic_metrics(shift=300, members=3), window=1000)
     assert table.index.tolist() == [0, 1, 2] and table.seed.tolist() == [42, 43, 44]
@@ -102,11 +155,17 @@ def test_hard_final_accuracy_is_the_weakest_pool():
 
 def test_transition_and_stage_checkpoints():
     run = SimpleNamespace(checkpoint_steps=lambda: [0, 250, 500, 750, 1000])
-    ph = ea.Phases(addition_step=100, variable_step=600, var_half_step=550, zero_at_var_half=1.0, jump_step=500,
-                   jump_rise=0.8, jump_share=0.9, qk_step=500, bound_step=500, routing_step=300,
+    ph = ea.Phases(addition_step=100, variable_step=600, var_half_step=550, zero_at_var_half=1.0, jump_from=100,
+                   jump_step=500, jump_rise=0.8, jump_share=0.9, qk_step=500, bound_step=500, routing_step=300,
                    refine_step=float("nan"), refine_rise=0.0, window=100)
     assert ea.transition_checkpoints(run, ph) == {"init": 0, "before jump": 250, "after jump": 750, "final": 1000}
     assert ea.stage_checkpoint(run, ph) == 250
+    # never before the addition phase has ended: a jump found too early names no stage at step 0
+    early = dataclasses.replace(ph, addition_step=300, jump_from=300, jump_step=400)
+    assert ea.stage_checkpoint(run, early) is None
+    assert ea.stage_missing_why(early) == ("no checkpoint lies between the end of the addition phase (step 300) "
+                                           "and the jump's window (from step 350)")
+    assert ea.stage_missing_why(dataclasses.replace(ph, jump_step=float("nan"))).startswith("no jump detected")
 
 
 # ----------------------------------------------------------------- AA-8: residuals built to be identical
@@ -241,8 +300,16 @@ def test_bound_attention_top_share_and_roles_on_hand_built_pattern():
     pattern[0, 0, -1, [2, 5, 14]] = torch.tensor([0.3, 0.1, 0.6])  # bound value, distractor, the constant operand
     pattern[1, 0, -1, [1, 3, 0]] = torch.tensor([0.4, 0.5, 0.1])  # b's value at 1, c's at 3
     assert ea.bound_attention(pattern, tokens, TASK).item() == pytest.approx((0.3 + 0.9) / 2)  # 0-var left out
-    # `=` attends most to the constant operand in row 0: one of the three bound values is not on top
-    assert ea.bound_top_share(pattern, tokens, TASK) == pytest.approx(2 / 3)
+    # the addends: row 0's bound value and its number operand 27; row 1's two bound values; row 2's 5 and 6
+    assert ea.addend_targets(tokens, TASK).nonzero().tolist() == [[0, 2], [0, 14], [1, 1], [1, 3], [2, 13], [2, 14]]
+    # `=` attends most to the constant operand in row 0: it is the other addend, not a competitor, so every
+    # addend beats the other prefix keys (row 0: the distractor 18 at 0.1; row 1: the variable token b at 0.1)
+    assert ea.addends_top_share(pattern[:2], tokens[:2], TASK) == 1.0
+    # the bound values beat the other assigned values (row 0: 0.3 > 0.1; row 1: no other value)
+    assert ea.bound_over_values_share(pattern[:2], tokens[:2], TASK) == 1.0
+    pattern[0, 0, -1, 10] = 0.35  # now the distractor 9 outshines the bound value 40 (0.3), not the operand (0.6)
+    assert ea.addends_top_share(pattern[:1], tokens[:1], TASK) == pytest.approx(1 / 2)
+    assert ea.bound_over_values_share(pattern[:1], tokens[:1], TASK) == 0.0
     roles = ea.key_roles(tokens, TASK)
     assert roles[0, [1, 2, 4, 5, 0, 12, 13, 14, 15]].tolist() == [
         "variable token", "bound value", "variable token", "other assigned value", "PAD", "+", "left operand",
@@ -251,6 +318,25 @@ def test_bound_attention_top_share_and_roles_on_hand_built_pattern():
     assert by_role["bound value"] == pytest.approx((0.3 + 0.9) / 2)
     assert by_role["right operand"] == pytest.approx(0.3) and by_role["variable token"] == pytest.approx(0.05)
     assert math.isnan(ea.bound_attention(pattern[2:], tokens[2:], TASK).item())
+
+
+def test_eq_reading_both_addends_equally_passes_aa11():
+    """The authors' measure: `=`'s top-2 keys are the two addends. A 1-var `=` that reads its bound
+    value and its number operand equally (0.35 each), the rest spread over the prefix, has both
+    addends on top; the old rule (the bound value above every other key, the operand included)
+    counted it as a failure."""
+    tokens = TASK.encode(["PAD a 40 PAD j 18 PAD PAD PAD k 9 PAD + a 27 =",
+                          "PAD PAD PAD PAD PAD PAD b 3 PAD c 4 PAD + 5 c ="])
+    pattern = torch.zeros(2, 1, 16, 16)
+    for row, (bound, operand) in enumerate(((2, 14), (10, 13))):
+        pattern[row, 0, -1] = 0.3 / 14
+        pattern[row, 0, -1, [bound, operand]] = 0.35
+    assert ea.addends_top_share(pattern, tokens, TASK) == 1.0
+    old_rule = attention.top_key_share(pattern[:, 0, -1], ea.bound_targets(tokens, TASK))
+    assert old_rule == 0.0  # a tie with the operand is not "more": the bound value never counted
+    # a key outside the prefix (the queried variable token itself) is no competitor either
+    pattern[0, 0, -1, 13] = 0.5
+    assert ea.addends_top_share(pattern, tokens, TASK) == 1.0
 
 
 def identity_circuit_model(scale_qk=1.0):
@@ -354,14 +440,14 @@ def test_progress_evaluator_per_member_and_for_one_model():
     ens = cb.Ensemble(TINY, (0, 1))
     ev = ea.ProgressEvaluator(TASK, pool_size=20, probe_size=16)
     out = ev(ens, 0)
-    names = ["acc_zero_var_train", "acc_heldout_zero_var", "routing", "bound_1var", "bound_2var", "bound_top",
-             "qk_diag", "qk_identity"]
+    names = ["acc_zero_var_train", "acc_heldout_zero_var", "routing", "bound_1var", "bound_2var",
+             "bound_over_values", "addends_top", "qk_diag", "qk_identity"]
     for key in names:
         assert out[key].shape == (2,)
     one = ev.evaluate_model(ens.member(1))
     for key in names:
         assert one[key] == pytest.approx(float(out[key][1]), abs=1e-6)
-    assert ev.spec()["assign_add_progress"] == ea.MEASURES_VERSION == 2
+    assert ev.spec()["assign_add_progress"] == ea.MEASURES_VERSION == 3
 
 
 def test_pool_accuracies_of_one_model():

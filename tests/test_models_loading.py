@@ -173,3 +173,39 @@ def test_step_checkpoints_refuses_ambiguous_directories(tmp_path):
     (tmp_path / "model_step-100.pt").write_bytes(b"")
     with pytest.raises(ValueError, match="'checkpoint_step_100.pth' and 'model_step-100.pt' both carry step 100"):
         step_checkpoints(tmp_path)
+
+
+def test_a_release_folder_holds_its_final_model_as_the_last_checkpoint(tmp_path):
+    """The authors' layout: step files plus `model_state_dict.pth` (no step), the final model. It is
+    the run's last checkpoint, one checkpoint interval after the last step file, unless it is that file."""
+    from circuitbook.models.loading import read_release, step_checkpoints
+
+    for step in (1, 101, 201, 301):
+        torch.save(tl_state_dict(mlp_layers=(1,), seed=step), tmp_path / f"checkpoint_step_{step}.pth")
+    torch.save(tl_state_dict(mlp_layers=(1,), seed=7), tmp_path / "model_state_dict.pth")
+    found = step_checkpoints(tmp_path)
+    assert list(found) == [1, 101, 201, 301, 401] and found[401].name == "model_state_dict.pth"
+    release = read_release(tmp_path)
+    assert release.final == tmp_path / "model_state_dict.pth" and release.final_step == 401
+    assert release.n_step_files == 4 and "model_state_dict.pth" in release.describe()
+    assert "steps 1-301" in release.describe() and "401" in release.describe()
+    # a final model equal to the last step file is that checkpoint, not a step of its own
+    torch.save(tl_state_dict(mlp_layers=(1,), seed=301), tmp_path / "model_state_dict.pth")
+    again = read_release(tmp_path)
+    assert list(again.files) == [1, 101, 201, 301] and again.final_step == 301
+    assert again.files[301].name == "model_state_dict.pth"
+    # step files alone: the last one is the final model
+    (tmp_path / "model_state_dict.pth").unlink()
+    assert read_release(tmp_path).final is None and read_release(tmp_path).final_step == 301
+
+
+def test_a_release_folder_refuses_what_it_cannot_order(tmp_path):
+    from circuitbook.models.loading import step_checkpoints
+
+    torch.save(tl_state_dict(mlp_layers=(1,), seed=0), tmp_path / "model_state_dict.pth")
+    with pytest.raises(ValueError, match="holds no step checkpoints, only the final model 'model_state_dict.pth'"):
+        step_checkpoints(tmp_path)
+    torch.save(tl_state_dict(mlp_layers=(1,), seed=0), tmp_path / "checkpoint_step_5.pth")
+    torch.save(tl_state_dict(mlp_layers=(1,), seed=1), tmp_path / "final.pt")
+    with pytest.raises(ValueError, match="'final.pt' and 'model_state_dict.pth' both carry no step"):
+        step_checkpoints(tmp_path)

@@ -1,4 +1,6 @@
 """Profiles and parameters: resolution order and validation with clear messages."""
+import re
+
 import pytest
 
 from circuitbook import params
@@ -79,3 +81,32 @@ def test_every_chapter_profile_resolves_in_the_real_book():
         for nb in params.notebooks(chapter):
             for profile in params.PROFILES:
                 params.resolve(chapter, nb, profile)
+
+
+@pytest.mark.parametrize("section, needle", [
+    ("release: [checkpoint_path]", "release must be a mapping with 'parameter'"),
+    ("release: {parameter: checkpoint_path, extra: 1}", "release must be a mapping with 'parameter'"),
+    ("release: {parameter: ckpt}", "no notebook has the parameter 'ckpt'"),
+    ("release: {parameter: path, history: [01_make]}", "release.history: ['01_make'] are not notebooks that read"),
+    ("release: {parameter: path, training: [valeu]}", "release.training: ['valeu'] are not parameters (did you mean 'value'?)"),
+])
+def test_a_bad_release_section_is_refused(mini_book, section, needle):
+    prof = mini_book / "chapters" / "demo" / "profiles.yml"
+    prof.write_text(prof.read_text().replace("notebooks:\n  02_use:\n", "notebooks:\n  02_use:\n"
+                                             "    parameters: {path: {type: path, nullable: true}}\n")
+                    + section + "\n")
+    with pytest.raises(ParameterError, match=re.escape(needle)):
+        params.release_spec("demo")
+
+
+def test_a_release_rows_deviations_leave_out_the_books_training(mini_book):
+    prof = mini_book / "chapters" / "demo" / "profiles.yml"
+    prof.write_text(prof.read_text().replace("notebooks:\n  02_use:\n", "notebooks:\n  02_use:\n"
+                                             "    parameters: {path: {type: path, nullable: true}}\n")
+                    + "paper: {value: 5.0, fail: true}\ndeviations: {smoke: [our training is short]}\n"
+                    + "release: {parameter: path, training: [value]}\n")
+    assert params.release_spec("demo") == {"parameter": "path", "notebooks": ["02_use"], "history": [],
+                                           "training": ["value"]}
+    assert params.deviations("demo", "02_use", "smoke") == ["value = 2 (paper: 5)", "fail = False (paper: True)",
+                                                            "our training is short"]
+    assert params.deviations("demo", "02_use", "smoke", release=True) == ["fail = False (paper: True)"]

@@ -2,6 +2,7 @@
 
 Each test is one hostile case; it fails on a version that lacks the protection it names.
 """
+import dataclasses
 import json
 import os
 import signal
@@ -380,3 +381,30 @@ def test_a_checkpoint_path_that_does_not_exist_is_refused_before_the_kernel(runs
                         "/nonexistent/model.pt"], capsys)
     assert code == 2 and "'/nonexistent/model.pt', which does not exist" in err, err
     assert not runs_dir.exists()
+
+
+def test_a_checkpoint_folder_with_mixed_shapes_names_the_odd_file(tmp_path):
+    """A released run whose last checkpoint is twice as wide as the rest is not one run: refused,
+    naming the odd file and the shapes, before anything is analysed."""
+    from circuitbook.experiments import assign_add as ea
+    from circuitbook.models.loading import step_checkpoints
+    from circuitbook.tasks.assign_add import AssignAddTask
+
+    narrow = cb.ToyConfig(d_vocab=74, n_ctx=16, d_model=16, n_layers=2, n_heads=1, d_mlp=32, mlp=(False, True),
+                          bias=False, d_vocab_out=59)
+    wide = dataclasses.replace(narrow, d_model=32)
+    for step in (0, 100, 200):
+        torch.save(cb.ToyTransformer(narrow, seed=step).state_dict(), tmp_path / f"checkpoint_step_{step}.pth")
+    torch.save(cb.ToyTransformer(wide, seed=3).state_dict(), tmp_path / "checkpoint_step_300.pth")
+    with pytest.raises(ValueError) as e:
+        step_checkpoints(tmp_path)
+    msg = str(e.value)
+    assert "checkpoint_step_300.pth" in msg and str(tmp_path) in msg and "the same configuration" in msg, msg
+    assert "[74, 32]" in msg and "[74, 16]" in msg and "checkpoint_step_100.pth" not in msg.split("other")[0], msg
+    with pytest.raises(ValueError, match="checkpoint_step_300.pth"):
+        ea.CheckpointRun(tmp_path, AssignAddTask(), pool_size=20, probe_size=16)
+    # a final model (no step in its name) of another width is named the same way
+    (tmp_path / "checkpoint_step_300.pth").unlink()
+    torch.save(cb.ToyTransformer(wide, seed=3).state_dict(), tmp_path / "model_state_dict.pth")
+    with pytest.raises(ValueError, match="model_state_dict.pth has"):
+        step_checkpoints(tmp_path)

@@ -35,11 +35,13 @@ import nbformat
 
 from . import book, context, pages, params, settings
 from .book import BookError, Notebook, book_notebooks, compute_hashes, library_hash, toc_files  # noqa: F401
-from .runs import DamagedRunError, atomic_write_bytes, atomic_write_json, read_json, repo_root, runs_root
+from .runs import (DamagedRunError, atomic_write_bytes, atomic_write_json, canonical_json, read_json, repo_root,
+                   runs_root)
 
 SCORECARD_MARKER = "<!-- scorecard -->"
 CLAIMS_MARKER = "<!-- claims-table -->"
 STAGED_SOURCES = ("_config.yml", "_toc.yml", "_static", "book", "chapters")
+LABEL_CHARS = settings.LABEL_NAME  # the characters a results label may hold after `PROFILE+` (one rule: settings)
 
 
 class BuildError(RuntimeError):
@@ -535,6 +537,75 @@ def run_one(notebook: str, profile: str, overrides: dict, log=print, label: str 
         _store_execution(label, nb, dest, secs)
     log(f"done in {secs:.1f} s; executed notebook: {dest}; results label: {label}")
     return dest, label
+
+
+def release(chapter: str, path: str, profile: str, overrides: dict, label: str | None = None,
+            log=print) -> tuple[str, list[str], list[str]]:
+    """Judge a released training run by the chapter's rules: execute every notebook that reads one
+    (those with the chapter's `release.parameter`, e.g. `checkpoint_path`) on `path`, all under one
+    results label, `PROFILE+NAME` (NAME: `label`, default the folder's name and a hash of the path
+    and overrides). Returns (label, notebooks executed, failures); a failing notebook is reported
+    and the others still run, so the label's scorecard shows what could be judged.
+
+    Everything is checked before any compute: the chapter reads releases, `path` exists and is a
+    readable release (a folder of step checkpoints, `models.loading.read_release`, or one state
+    dict), every override is a parameter of some notebook that reads it. A single file skips the
+    notebooks that need a training history (`release.history`), saying so.
+    """
+    from .models.loading import read_release, read_state_dict
+
+    params.chapter_dir(chapter)  # an unknown chapter: named, with the chapters
+    spec = params.release_spec(chapter)
+    if spec is None:
+        readers = [c for c in params.chapters() if params.release_spec(c)]
+        raise params.ParameterError(f"chapter {chapter!r} has no notebook that reads a released run (no `release:` in "
+                                    f"its profiles.yml); chapters that do: {', '.join(readers) or '(none)'}")
+    target = Path(path).expanduser().resolve()
+    if not target.exists():
+        raise params.ParameterError(f"release {path!r} does not exist; give a folder of step checkpoints "
+                                    f"(checkpoint_step_5301.pth ..., optionally a final model_state_dict.pth) or one "
+                                    f"state dict")
+    if target.is_dir():
+        read_release(target)  # names, steps and configurations: a ValueError naming the file
+    else:
+        read_state_dict(target)
+    name = spec["parameter"]
+    if name in overrides:
+        raise params.ParameterError(f"-p {name}: the release's path is the PATH argument; do not give it again")
+    known = {nb: params.specs(chapter, nb) for nb in spec["notebooks"]}
+    unknown = [k for k in overrides if not any(k in s for s in known.values())]
+    if unknown:
+        allowed = sorted(set().union(*known.values()) - {name})
+        raise params.ParameterError(f"-p {unknown[0]}: not a parameter of the notebooks that read a release "
+                                    f"({', '.join(spec['notebooks'])}){params._suggest(unknown[0], allowed)}; "
+                                    f"parameters: {', '.join(allowed)}")
+    if label is not None:
+        settings.check_label_name(label)
+    todo, skipped = [], []
+    for nb in spec["notebooks"]:
+        if not target.is_dir() and nb in spec["history"]:
+            skipped.append(nb)
+            continue
+        nb_overrides = {name: str(target), **{k: v for k, v in overrides.items() if k in known[nb]}}
+        params.resolve(chapter, nb, profile, nb_overrides)  # every notebook's values, before any compute
+        todo.append((nb, nb_overrides))
+    if label is None:
+        stem = "-".join(LABEL_CHARS.findall(target.stem)) or "release"
+        digest = hashlib.sha256(canonical_json({"path": str(target), **overrides}).encode()).hexdigest()[:8]
+        label = f"{stem}-{digest}"
+    full = f"{profile}+{label}"
+    log(f"circuitbook release: {target} judged by {chapter}'s rules at profile {profile}; results label {full}")
+    for nb in skipped:
+        log(f"{chapter}/{nb}: skipped, it reads a training history and {target.name} is one checkpoint")
+    done, failures = [], []
+    for nb, nb_overrides in todo:
+        try:
+            run_one(f"{chapter}/{nb}", profile, nb_overrides, log=log, label=label)
+            done.append(nb)
+        except BuildError as e:
+            failures.append(str(e))
+            log(f"FAILED: {e}")
+    return full, done, failures
 
 
 def _find_notebook(notebook: str, root: Path) -> Notebook:

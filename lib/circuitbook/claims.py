@@ -370,7 +370,7 @@ def evaluate_claim(chapter: str, claim: dict, label: str) -> dict:
            "runs": [], "rule": " and ".join(_part_rule(p, "reproduced_if") for p in parts),
            "partial_rule": " and ".join(_part_rule(p, "partial_if") for p in parts if p.partial_if),
            "rule_note": claim.get("rule_note", ""), "note": claim.get("note", ""),
-           "expected": list(claim["expected"]), "deviations": [], "baselines": "", "seeds": ""}
+           "expected": list(claim["expected"]), "deviations": [], "baselines": "", "seeds": "", "release": ""}
     where = f"{chapter}/{claim['notebook']}"
     if claim["notebook"] not in notebooks(chapter):
         return {**row, "status": f"not run: notebook {where} is not written yet"}
@@ -383,8 +383,11 @@ def evaluate_claim(chapter: str, claim: dict, label: str) -> dict:
                else f"not expected at profile {profile} and {where} not executed")
         return {**row, "status": f"not run: {why}"}
     overrides = results.get("overrides") or {}
+    release = results.get("release")  # a released run: its name and what was evaluated, not our training
+    if isinstance(release, dict):
+        row["release"] = f"{release.get('name')} ({release.get('path')}): {release.get('evaluated')}"
     try:
-        row["deviations"] = params.deviations(chapter, claim["notebook"], profile, overrides)
+        row["deviations"] = params.deviations(chapter, claim["notebook"], profile, overrides, release=bool(release))
     except ParameterError as e:
         row["deviations"] = [f"(cannot list: {e})"]
     if results.get("status") == "failed":

@@ -1,4 +1,4 @@
-"""The `circuitbook` command: build, run, params, scorecard."""
+"""The `circuitbook` command: build, run, release, params, scorecard."""
 from __future__ import annotations
 
 import argparse
@@ -92,6 +92,21 @@ def make_parser() -> argparse.ArgumentParser:
                    help="execute here, training the chunks of this notebook's runs on the Ray cluster at ADDRESS too "
                         "(no ADDRESS: the cluster started on this machine, else a local one)")
 
+    e = sub.add_parser("release", help="judge a released training run by a chapter's rules",
+                       description="Execute every notebook of CHAPTER that can read a released run on PATH (a folder "
+                                   "of step checkpoints, e.g. checkpoint_step_5301.pth, with or without the final "
+                                   "model_state_dict.pth; or one state dict), all under one results label, then print "
+                                   "the label and the chapter's scorecard for it.")
+    e.add_argument("chapter", metavar="CHAPTER", help="a chapter slug (e.g. assign_add)")
+    e.add_argument("path", metavar="PATH", help="the released run: a folder of step checkpoints or one state dict")
+    e.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"), default=[],
+                   help="override a parameter of the notebooks that read it (e.g. -p pair_split authors)")
+    e.add_argument("--profile", choices=params.PROFILES, default=None,
+                   help="the evaluation sizes (pools, probes): " + profile_help)
+    e.add_argument("--label", default=None, help="name the results label (PROFILE+LABEL; default the folder's name "
+                                                 "and a hash of the path and overrides)")
+    e.add_argument("--json", action="store_true", help="print the scorecard rows as JSON")
+
     q = sub.add_parser("params", help="list parameters, their values per profile, types and ranges",
                        description="List every parameter of the book, a chapter or a notebook with its value at "
                                    "each profile, its type and its allowed range.")
@@ -143,15 +158,37 @@ def cmd_build(a) -> int:
 
 
 def cmd_run(a) -> int:
-    overrides = {}
-    for name, value in a.param:
-        if name in overrides:
-            raise params.ParameterError(f"-p {name} is given twice")
-        overrides[name] = _parse_value(value)
+    overrides = _overrides(a.param)
     out, label = build_mod.run_one(a.notebook, a.profile or default_profile(), overrides, label=a.label,
                                    force=a.force, ray=a.ray)
     print(f"results label: {label}")
     print(out)
+    return 0
+
+
+def _overrides(pairs) -> dict:
+    overrides = {}
+    for name, value in pairs:
+        if name in overrides:
+            raise params.ParameterError(f"-p {name} is given twice")
+        overrides[name] = _parse_value(value)
+    return overrides
+
+
+def cmd_release(a) -> int:
+    profile = a.profile or default_profile()
+    label, done, failures = build_mod.release(a.chapter, a.path, profile, _overrides(a.param), label=a.label,
+                                              log=(lambda m: print(m, file=sys.stderr)) if a.json else print)
+    rows = [r for r in claims.scorecard(profile, label) if r["chapter"] == a.chapter]
+    if a.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(f"\nresults label: {label} ({len(done)} notebooks executed: {', '.join(done) or 'none'})\n")
+        print_rows(rows, label)
+        print(f"(again: circuitbook scorecard --label {label})")
+    if failures:
+        print(f"circuitbook release: {len(failures)} notebook(s) failed:\n" + "\n".join(failures), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -202,18 +239,23 @@ def cmd_scorecard(a) -> int:
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0
+    print_rows(rows, label or profile)
+    return 0
+
+
+def print_rows(rows: list[dict], title: str) -> None:
+    """Scorecard rows as text, then the count of each status."""
     for r in rows:
         print(f"{r['id']:<6} {r['status']}")
         print(f"       paper: {r['paper']}")
         print(f"       measured: {r['measured'] or '-'}" + (f"  (run {', '.join(r['runs'])})" if r["runs"] else ""))
-        for extra in ("baselines", "seeds"):
+        for extra in ("release", "baselines", "seeds"):
             if r.get(extra):
                 print(f"       {extra}: {r[extra]}")
         if r["deviations"]:
             print(f"       deviations: {'; '.join(r['deviations'])}")
     counts = claims.counts(rows)
-    print(f"\n{label or profile}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-    return 0
+    print(f"\n{title}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
 
 
 def _empty_store(label: str) -> str | None:
@@ -274,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     try:
         settings.check_environment()  # a bad CIRCUITBOOK_* variable is refused before anything runs
-        commands = {"build": cmd_build, "run": cmd_run, "params": cmd_params, "scorecard": cmd_scorecard,
+        commands = {"build": cmd_build, "run": cmd_run, "release": cmd_release, "params": cmd_params, "scorecard": cmd_scorecard,
                     "export-results": cmd_export_results, "import-results": cmd_import_results}
         return commands[a.command](a)
     except (params.ParameterError, ValueError) as e:  # bad input: nothing was computed

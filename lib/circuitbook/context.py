@@ -1,11 +1,12 @@
 """The notebook being executed: which chapter, notebook and profile, which runs.
 
-`load_params()` opens a context; `train()` adds the runs it returns;
-`record()` writes into the context's results file. The file carries the
-notebook's inputs (`book.notebook_inputs`), so the scorecard grades a result
-only against the code that produced it, and a status: `running` until the
-build (or `circuitbook run`) that executed the notebook marks it `ok` or
-`failed`. A result that is not `ok` is never graded.
+`load_params()` opens a context; `train()` adds the runs it returns, and
+`note_release()` a released run the notebook evaluates instead; `record()`
+writes into the context's results file. The file carries the notebook's
+inputs (`book.notebook_inputs`), so the scorecard grades a result only against
+the code that produced it, and a status: `running` until the build (or
+`circuitbook run`) that executed the notebook marks it `ok` or `failed`. A
+result that is not `ok` is never graded.
 """
 from __future__ import annotations
 
@@ -81,6 +82,17 @@ def note_run(run) -> None:
         ref = {"name": run.dir.name, "key": run.key, "path": str(run.path)}
         if ref not in _current["runs"]:
             _current["runs"].append(ref)
+            _write()
+
+
+def note_release(name: str, path: str, evaluated: str) -> None:
+    """Say that this notebook evaluates a released run (weights from outside the book's store):
+    its name, where it is and what of it was evaluated. The scorecard shows this on the row
+    instead of the profile's training deviations (`params.deviations(..., release=True)`)."""
+    if _current is not None:
+        release = {"name": name, "path": path, "evaluated": evaluated}
+        if _current.get("release") != release:
+            _current["release"] = release
             _write()
 
 

@@ -20,6 +20,10 @@ Each chapter folder (and `book/` for the tour) has a `profiles.yml`:
     paper: {...}           # the paper's value of each knob it fixes
     deviations:            # what differs from the paper and is not a knob's value
       cpu: ["samples are windows, not whole stories"]
+    release:               # optional: the notebooks can evaluate a released training run
+      parameter: checkpoint_path   # the path parameter they read it from (`circuitbook release`)
+      history: [02_training]       # notebooks that need a folder of checkpoints, not one file
+      training: [steps, lr]        # knobs of the book's own training: not shown on a release's rows
 
 Values resolve defaults -> profile -> notebook defaults -> notebook profile ->
 overrides. Every error names the parameter and what is allowed. A profile's
@@ -45,7 +49,8 @@ PROFILES = ("smoke", "cpu", "full")
 SCALAR_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "path": str}
 TYPES = tuple(SCALAR_TYPES) + tuple(f"list[{t}]" for t in ("int", "float", "str"))
 SPEC_KEYS = {"type", "min", "max", "choices", "nullable", "help", "env"}
-TOP_SECTIONS = {"parameters", "defaults", "notebooks", "paper", "deviations", *PROFILES}
+TOP_SECTIONS = {"parameters", "defaults", "notebooks", "paper", "deviations", "release", *PROFILES}
+RELEASE_KEYS = {"parameter", "history", "training"}
 NOTEBOOK_SECTIONS = {"needs", "parameters", "defaults", "estimate_s", "paper", "deviations", "resources", *PROFILES}
 INT_LIMIT = 2 ** 63  # what torch and numpy take as an integer (seeds, sizes)
 BOOK_PSEUDO_CHAPTER = "book"  # the tour and other book-level notebooks
@@ -132,6 +137,7 @@ def load_profiles(chapter: str) -> dict:
     for section in ("parameters", "defaults", "notebooks", "paper", "deviations", *PROFILES):
         _mapping(data.get(section), str(path), f"section {section!r}")
     _check_deviations(data.get("deviations"), f"{path}: deviations")
+    _check_release(data.get("release"), f"{path}: release")
     for name, nb in (data.get("notebooks") or {}).items():
         nb = _mapping(nb, str(path), f"notebooks.{name}")
         extra = set(nb) - NOTEBOOK_SECTIONS
@@ -175,6 +181,43 @@ def resources(chapter: str, notebook: str, profile: str) -> dict:
     if res and set(res) <= set(PROFILES):
         res = res.get(profile) or {}
     return {**DEFAULT_RESOURCES, **res}
+
+
+def _check_release(release, where: str) -> None:
+    """`release:` is {parameter: NAME, history: [notebooks], training: [parameters]} (names checked
+    against the chapter by `release_spec`)."""
+    if release is None:
+        return
+    if not isinstance(release, dict) or set(release) - RELEASE_KEYS or not isinstance(release.get("parameter"), str):
+        raise ParameterError(f"{where} must be a mapping with 'parameter' (a parameter name) and optionally "
+                             f"'history' and 'training' (lists of names); got {release!r:.80}")
+    for key in ("history", "training"):
+        if not isinstance(release.get(key) or [], list) or not all(isinstance(v, str) for v in release.get(key) or []):
+            raise ParameterError(f"{where}.{key} must be a list of names")
+
+
+def release_spec(chapter: str) -> dict | None:
+    """The chapter's `release:` section with its names checked, or None when no notebook of it reads
+    a released run: {parameter, notebooks (those that have the parameter, in name order), history,
+    training}."""
+    data = load_profiles(chapter)
+    release = data.get("release")
+    if release is None:
+        return None
+    where = f"{chapter}/profiles.yml release"
+    readers = [nb for nb in notebooks(chapter) if release["parameter"] in specs(chapter, nb)]
+    if not readers:
+        raise ParameterError(f"{where}: no notebook has the parameter {release['parameter']!r}")
+    history = list(release.get("history") or [])
+    if set(history) - set(readers):
+        raise ParameterError(f"{where}.history: {sorted(set(history) - set(readers))} are not notebooks that read "
+                             f"{release['parameter']!r} ({', '.join(readers)})")
+    known = set().union(*(specs(chapter, nb) for nb in readers))
+    training = list(release.get("training") or [])
+    if set(training) - known:
+        raise ParameterError(f"{where}.training: {sorted(set(training) - known)} are not parameters"
+                             f"{_suggest(sorted(set(training) - known)[0], known)}")
+    return {"parameter": release["parameter"], "notebooks": readers, "history": history, "training": training}
 
 
 def _check_deviations(devs, where: str) -> None:
@@ -346,13 +389,21 @@ def paper_values(chapter: str, notebook: str) -> dict:
     return out
 
 
-def deviations(chapter: str, notebook: str, profile: str, overrides: dict | None = None) -> list[str]:
+def deviations(chapter: str, notebook: str, profile: str, overrides: dict | None = None,
+               release: bool = False) -> list[str]:
     """How `profile` differs from the paper for this notebook: every knob whose value is not the
-    paper's (`name = value (paper: value)`), then the profile's `deviations` texts."""
+    paper's (`name = value (paper: value)`), then the profile's `deviations` texts.
+
+    release: the notebook evaluated a released run, not the book's own: the knobs of the book's
+    training (the chapter's `release.training`) and the deviation texts, which describe that
+    training, do not apply; the knobs of the evaluation (pool sizes, pair split, ...) still do."""
     data = load_profiles(chapter)
     values = resolve(chapter, notebook, profile, overrides)
+    skip = set((release_spec(chapter) or {}).get("training", [])) if release else set()
     out = [f"{name} = {_show(values[name])} (paper: {_show(paper)})"
-           for name, paper in paper_values(chapter, notebook).items() if values.get(name) != paper]
+           for name, paper in paper_values(chapter, notebook).items() if values.get(name) != paper and name not in skip]
+    if release:
+        return out
     texts = list((data.get("deviations") or {}).get(profile) or [])
     texts += list((_notebook_section(data, chapter, notebook).get("deviations") or {}).get(profile) or [])
     return out + texts

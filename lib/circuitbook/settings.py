@@ -20,7 +20,7 @@ from typing import Callable
 
 PREFIX = "CIRCUITBOOK_"
 PROFILES = ("smoke", "cpu", "full")
-_LABEL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+LABEL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 class SettingError(ValueError):
@@ -158,7 +158,7 @@ def check_label(label: str) -> str:
     """A results label, `PROFILE` or `PROFILE+NAME` (NAME: letters, digits, '.', '_', '-', not '.' or
     '..'): one folder name under the store's results/, so no label reads or writes outside it."""
     profile, plus, name = str(label).partition("+")
-    ok = profile in PROFILES and (not plus or (_LABEL_NAME.fullmatch(name) and name not in (".", "..")))
+    ok = profile in PROFILES and (not plus or (LABEL_NAME.fullmatch(name) and name not in (".", "..")))
     if not ok:
         raise SettingError(f"label {label!r} is not a results label; expected PROFILE or PROFILE+NAME with PROFILE "
                            f"one of {', '.join(PROFILES)} and NAME of letters, digits, '.', '_' or '-'")
@@ -167,6 +167,6 @@ def check_label(label: str) -> str:
 
 def check_label_name(name: str) -> str:
     """The NAME a user gives `circuitbook run --label NAME` (the label is PROFILE+NAME)."""
-    if not _LABEL_NAME.fullmatch(str(name)) or name in (".", ".."):
+    if not LABEL_NAME.fullmatch(str(name)) or name in (".", ".."):
         raise SettingError(f"--label {name!r}: use letters, digits, '.', '_' or '-'")
     return name

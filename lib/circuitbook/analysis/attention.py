@@ -1,7 +1,8 @@
 """Attention patterns and the shape of query-key forms, for any HookedRootModule.
 
 `attention_patterns` reads `blocks.{l}.attn.hook_pattern` (TransformerLens names);
-`top_key_share` asks whether a query attends to the keys it should more than to any other;
+`top_key_share` asks whether a query attends to the keys it should more than to any key that
+competes with them;
 `diagonal_argmax_fraction` and `template_cosine` say how identity-like (or how much like any
 template) a bilinear form read on a set of embeddings is.
 """
@@ -24,20 +25,25 @@ def attention_patterns(model, tokens: torch.Tensor, layers=None, batch_size: int
     return [torch.cat(x) for x in out]
 
 
-def top_key_share(rows: torch.Tensor, targets: torch.Tensor) -> float:
-    """Share of target keys that get more attention than every non-target key of their row.
+def top_key_share(rows: torch.Tensor, targets: torch.Tensor, competitors: torch.Tensor | None = None) -> float:
+    """Share of target keys that get more attention than every competitor key of their row.
 
     rows [B, K]: one query's attention over its keys per row; targets [B, K] bool: the keys the
-    query should read (one or several per row). Each target counts once; a row without a
-    non-target key counts its targets as above. NaN when there is no target at all.
-    A uniform pattern scores 0 (a tie is not "more"); a random one about 1 / (keys per row).
+    query should read (one or several per row); competitors [B, K] bool: the keys a target must
+    beat (default: every non-target key; a target is never its own or another target's competitor,
+    so two targets read equally both count). Each target counts once; a row without a competitor
+    counts its targets as above. NaN when there is no target at all. A uniform pattern scores 0
+    (a tie is not "more"); a random one about 1 / (competitors per row + 1).
     """
     rows, targets = torch.as_tensor(rows, dtype=torch.float64), torch.as_tensor(targets, dtype=torch.bool)
-    if rows.shape != targets.shape or rows.dim() != 2:
-        raise ValueError(f"rows and targets must both be [B, K]; got {tuple(rows.shape)} and {tuple(targets.shape)}")
+    competitors = ~targets if competitors is None else torch.as_tensor(competitors, dtype=torch.bool)
+    if rows.shape != targets.shape or rows.shape != competitors.shape or rows.dim() != 2:
+        raise ValueError(f"rows, targets and competitors must all be [B, K]; got {tuple(rows.shape)}, "
+                         f"{tuple(targets.shape)} and {tuple(competitors.shape)}")
+    competitors = competitors & ~targets
     if not targets.any():
         return float("nan")
-    best_other = torch.where(targets, -torch.inf, rows).max(1, keepdim=True).values
+    best_other = torch.where(competitors, rows, -torch.inf).max(1, keepdim=True).values
     above = (rows > best_other) & targets
     return float(above.sum() / targets.sum())
 

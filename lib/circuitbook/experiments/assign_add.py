@@ -13,11 +13,13 @@ Runs
     `f_sweep(cfg)` / `r_sweep(cfg)` train the data-threshold sweeps as ensembles.
 
 Phases (`detect_phases`, per member; rules in its docstring, never typed in)
-    addition, the variable-accuracy jump, the layer-2 circuit's emergence (QK identity, `=`'s
-    attention to the bound value), the layer-1 previous-token head, the refinement.
+    addition, then (searched after it) the variable-accuracy jump and the layer-2 circuit's
+    emergence (QK identity, `=` reading the bound value over the other assigned values), the
+    layer-1 previous-token head, the refinement.
 
 Measurements (all on a `ToyTransformer`, so an external checkpoint works the same way)
-    `routing_score` (AA-10), `bound_attention` / `bound_targets` / `variable_qk_matrix` (AA-11),
+    `routing_score` (AA-10), `bound_over_values_share` (AA-2), `addends_top_share` /
+    `addend_targets` / `bound_attention` / `variable_qk_matrix` (AA-11),
     `residual_cosines` (AA-8), `mlp_preactivation_grid` (AA-9), `variable_probe_data`,
     `qk_gradient` / `theory_qk_block` (AA-12).
 """
@@ -34,9 +36,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .. import context
 from ..analysis import attention, curves, fourier
 from ..analysis.ace import collect_activations
-from ..models.loading import load_transformer_lens_checkpoint, step_checkpoints
+from ..models.loading import load_transformer_lens_checkpoint, read_release
 from ..models.toy import ToyConfig, ToyTransformer
 from ..runs import atomic_write_json, read_json, runs_root
 from ..tasks.assign_add import (N_VARS, NOT_LEFT, NOT_RIGHT, PAIR_SPLITS, PREFIX_LEN, SEQ_LEN, TWO_VAR_LEFT,
@@ -45,7 +48,7 @@ from ..tasks.base import Batch
 from ..train import Ensemble, Run, TrainConfig, _tensor_digest, pool_accuracy
 from ..train import train as _train_run
 
-MEASURES_VERSION = 2  # bump when ProgressEvaluator's measures change meaning (it is part of the run key)
+MEASURES_VERSION = 3  # bump when ProgressEvaluator's measures change meaning (it is part of the run key)
 VAR_POOLS = ("one_var_train", "two_var_train")  # "variable accuracy": training pairs and positions
 HARD_POOLS = ("one_var_var_restricted", "two_var_var_restricted_one", "two_var_var_restricted_two")
 ADD_POOLS = ("zero_var_add_restricted", "one_var_add_restricted", "two_var_add_restricted")
@@ -157,7 +160,9 @@ def check_chapter_model(model: ToyTransformer, where: str) -> ToyTransformer:
 
 class CheckpointRun:
     """A released training run, a directory of TransformerLens state dicts whose file names carry
-    their step (`checkpoint_step_5301.pth`), read like a book run of one member.
+    their step (`checkpoint_step_5301.pth`), with or without a step-less final model
+    (`model_state_dict.pth`, the run's last checkpoint: `models.loading.read_release`), read like a
+    book run of one member.
 
     `metrics()` evaluates every checkpoint with the chapter's `ProgressEvaluator` (the pools of
     `task`, i.e. the run's own pair split), so the phase rules and the stage-wise figures run on
@@ -170,10 +175,11 @@ class CheckpointRun:
 
     def __init__(self, directory, task: AssignAddTask, pool_size: int, probe_size: int):
         self.path = Path(directory).expanduser()
-        self.files = step_checkpoints(self.path)
+        self.release = read_release(self.path)
+        self.files = self.release.files
         self.task = task
         self.evaluate = ProgressEvaluator(task, pool_size=pool_size, probe_size=probe_size)
-        stat = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in self.files.values()]
+        stat = [(step, f.name, f.stat().st_size, f.stat().st_mtime_ns) for step, f in self.files.items()]
         ident = json.dumps({"files": stat, "evaluator": self.evaluate.spec()}, sort_keys=True)
         self.digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
         self._metrics: pd.DataFrame | None = None
@@ -193,6 +199,8 @@ class CheckpointRun:
         return check_chapter_model(load_transformer_lens_checkpoint(self.files[step]), str(self.files[step]))
 
     def metrics(self) -> pd.DataFrame:
+        """One row per checkpoint: step, member 0, seed -1, and the evaluator's metrics; no
+        `train_loss` (a release's training loss is not in its weights)."""
         if self._metrics is None:
             cache = runs_root() / "external" / f"{self.digest}.json"
             if cache.exists():
@@ -207,6 +215,16 @@ class CheckpointRun:
         return self._metrics
 
 
+def note_release(cfg, evaluated: str) -> None:
+    """Tell the results file that this notebook evaluates the released run at `checkpoint_path`
+    (its folder or file name, the path, what was evaluated and on which pair split), so its
+    scorecard rows say so (`context.note_release`)."""
+    path = Path(cfg.checkpoint_path).expanduser().resolve()
+    split = cfg.get("pair_split") or "authors"
+    split = f"the pairs of {Path(split).name}" if split not in PAIR_SPLITS else f"the {split!r} pair split"
+    context.note_release(path.name, str(path), f"{evaluated}, on {split}")
+
+
 def source_run(cfg) -> "Run | ComposedRun | CheckpointRun":
     """The training run a notebook reads: a released run when `checkpoint_path` is a directory,
     else the book's main run. A single checkpoint file has no history: ValueError."""
@@ -219,23 +237,29 @@ def source_run(cfg) -> "Run | ComposedRun | CheckpointRun":
     if not Path(path).expanduser().is_dir():
         raise ValueError(f"checkpoint_path {path!r} is a single checkpoint; this notebook reads a training history: "
                          f"give a directory of step checkpoints (e.g. checkpoint_step_5301.pth)")
-    return CheckpointRun(path, make_task(cfg), pool_size=cfg.pool_size, probe_size=cfg.probe_size)
+    run = CheckpointRun(path, make_task(cfg), pool_size=cfg.pool_size, probe_size=cfg.probe_size)
+    note_release(cfg, f"{run.release.describe()}; every checkpoint evaluated")
+    return run
 
 
 def load_model(cfg, step: int | None = None) -> tuple[ToyTransformer, str, "Run | ComposedRun | CheckpointRun | None"]:
     """The model a notebook analyses and where it comes from: (model, description, run or None).
 
     `checkpoint_path` a file: that TransformerLens state dict (config inferred from the weights;
-    run None). A directory: its checkpoint at `step` (default: the last). Unset: member 0 of the
-    book's main run at `step` (default: final).
+    run None). A directory: its checkpoint at `step` (default: the last, the final model). Unset:
+    member 0 of the book's main run at `step` (default: final).
     """
     path = cfg.get("checkpoint_path")
     if path and not Path(path).expanduser().is_dir():
         model = check_chapter_model(load_transformer_lens_checkpoint(path, None), f"checkpoint {path!r}")
         c = model.cfg
+        note_release(cfg, f"one checkpoint file (d_model {c.d_model}, d_mlp {c.d_mlp}), no training history")
         return model, f"external checkpoint {path} (d_model {c.d_model}, d_mlp {c.d_mlp}, {c.n_layers} layers)", None
     run = source_run(cfg)
     step = final_step(run) if step is None else step
+    if path:
+        note_release(cfg, f"{run.release.describe()}; the model at step {step} analysed (and any checkpoint the "
+                          f"page names)")
     where = f"released run {path}" if path else f"the book's own run {run.dir.name}/{run.key}, member 0"
     return run.model(0, step), f"{where}, step {step}", run
 
@@ -348,11 +372,41 @@ def bound_attention(pattern1: torch.Tensor, tokens: torch.Tensor, task: AssignAd
     return (row * targets[:, None]).sum(-1)[has].mean(0)
 
 
-def bound_top_share(pattern1: torch.Tensor, tokens: torch.Tensor, task: AssignAddTask, head: int = 0) -> float:
-    """Share of variable operands whose bound value gets more layer-2 attention from `=` than every
-    key that is not a bound value (`analysis.attention.top_key_share`): "`=` attends to the constant
-    bound to the queried variable" taken literally. A random pattern scores about 1/16."""
-    return attention.top_key_share(pattern1[:, head, -1], bound_targets(tokens, task))
+def addend_targets(tokens: torch.Tensor, task: AssignAddTask) -> torch.Tensor:
+    """Bool [B, T]: the keys that hold the two addends of the query: the value(s) bound to its
+    variable operand(s) and, where an operand is a number, that operand's own token in the query."""
+    mask = bound_targets(tokens, task)
+    parsed = task.parse(tokens)
+    for side, pos in (("left_var", PREFIX_LEN + 1), ("right_var", PREFIX_LEN + 2)):
+        mask[:, pos] |= parsed[side] < 0  # a number operand is an addend itself
+    return mask
+
+
+def prefix_keys(tokens: torch.Tensor) -> torch.Tensor:
+    """Bool [B, T]: the positions of the prefix (assignments and PADs), before the query core."""
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[:, :PREFIX_LEN] = True
+    return mask
+
+
+def addends_top_share(pattern1: torch.Tensor, tokens: torch.Tensor, task: AssignAddTask, head: int = 0) -> float:
+    """Share of the addends (`addend_targets`: bound value(s) and number operands) that get more
+    layer-2 attention from `=` than every other prefix key (distractor values, variable tokens,
+    PADs): AA-11's "`=` attends to the constant bound to the queried variable", with the other
+    addend, which `=` must read too, not counted as a competitor. Where both addends are read
+    equally, both count (`analysis.attention.top_key_share`). A random pattern scores about 1/12."""
+    targets = addend_targets(tokens, task)
+    return attention.top_key_share(pattern1[:, head, -1], targets, prefix_keys(tokens) & ~targets)
+
+
+def bound_over_values_share(pattern1: torch.Tensor, tokens: torch.Tensor, task: AssignAddTask,
+                            head: int = 0) -> float:
+    """Share of bound values that get more layer-2 attention from `=` than every other assigned
+    value of the prefix: specific to binding (attention to all the prefix's numbers rises early,
+    before `=` tells them apart), so it times AA-2's "`=` starts to attend to the bound value".
+    A pattern that spreads over the values at random scores about E[1/k] (k assignments)."""
+    targets = bound_targets(tokens, task)
+    return attention.top_key_share(pattern1[:, head, -1], targets, value_positions(tokens, task) & ~targets)
 
 
 ROLES = ("bound value", "other assigned value", "variable token", "PAD", "+", "left operand", "right operand", "=")
@@ -406,7 +460,10 @@ class ProgressEvaluator:
       routing      layer-1 previous-token attention of assigned numbers (`routing_score`, AA-10),
       bound_1var   layer-2 attention of `=` to the bound value, 1-var sequences (`bound_attention`),
       bound_2var   the same summed over both operands, 2-var sequences,
-      bound_top    share of operands whose bound value is `=`'s top key (`bound_top_share`, 1- and 2-var),
+      bound_over_values  share of bound values that `=` reads more than every other assigned value
+                   (`bound_over_values_share`, mean of 1- and 2-var: AA-2's timing),
+      addends_top  share of addends that `=` reads more than every other prefix key
+                   (`addends_top_share`, mean of 1- and 2-var: AA-11 over training),
       qk_diag      `diagonal_argmax_fraction` of the composed `variable_qk_matrix`,
       qk_identity  `template_cosine` of that matrix with the identity.
     Its spec() (part of the run key) holds digests of every pool and MEASURES_VERSION.
@@ -425,14 +482,16 @@ class ProgressEvaluator:
 
     @torch.no_grad()
     def measures(self, model: ToyTransformer) -> dict[str, float]:
-        out, tops = {}, []
+        out, over_values, addends = {}, [], []
         for kind, tokens in self.probe.items():
             p0, p1 = attention.attention_patterns(model, tokens)
             if kind == "1var":
                 out["routing"] = float(routing_score(p0, tokens, self.task).max())
             out[f"bound_{kind}"] = float(bound_attention(p1, tokens, self.task).max())
-            tops.append(bound_top_share(p1, tokens, self.task))
-        out["bound_top"] = float(np.mean(tops))
+            over_values.append(bound_over_values_share(p1, tokens, self.task))
+            addends.append(addends_top_share(p1, tokens, self.task))
+        out["bound_over_values"] = float(np.mean(over_values))
+        out["addends_top"] = float(np.mean(addends))
         qk = variable_qk_matrix(model, self.task)
         out["qk_diag"] = attention.diagonal_argmax_fraction(qk)
         out["qk_identity"] = attention.template_cosine(qk)
@@ -466,11 +525,12 @@ class Phases:
     variable_step: float  # the first of the 1-var / 2-var training accuracies reaches `level`
     var_half_step: float  # the first of them reaches 0.5
     zero_at_var_half: float  # 0-var accuracy at var_half_step
-    jump_step: float  # centre of the window of steepest rise of the variable accuracy
+    jump_from: float  # where the jump is searched from: the end of the addition phase
+    jump_step: float  # centre of the window of steepest rise of the variable accuracy after jump_from
     jump_rise: float  # its rise
-    jump_share: float  # its rise / the variable accuracy's whole rise (final - first)
+    jump_share: float  # its rise / the variable accuracy's rise after jump_from
     qk_step: float  # the layer-2 QK identity cosine is half-way from its first to its last value
-    bound_step: float  # `=`'s attention to the bound value(s) is half-way
+    bound_step: float  # the bound value beats the other assigned values in `=`'s attention: half-way
     routing_step: float  # the layer-1 previous-token score is half-way (a prerequisite)
     refine_step: float  # centre of the steepest rise of the hard-case accuracy after the jump
     refine_rise: float
@@ -489,19 +549,27 @@ def default_window(steps) -> float:
 
 def detect_phases(metrics: pd.DataFrame, member: int = 0, window: float | None = None,
                   min_rise: float = 0.2, level: float = 0.9) -> Phases:
-    """The phases of training, detected from the evaluation curves of one member.
+    """The phases of training, detected from the evaluation curves of one member, in the paper's
+    order of events (AA-1: addition first).
 
     - addition: first step where 0-var accuracy on training pairs reaches `level`; the first of
       the 1-var and 2-var training accuracies reaches `level` at `variable_step` and 0.5 at
       `var_half_step`, where the 0-var accuracy is `zero_at_var_half`;
-    - jump: centre of the `window` of steepest rise of the variable accuracy (mean of the 1-var
-      and 2-var training pools, `VAR_POOLS`); `jump_share` is that rise over the curve's whole
-      rise (a sharp jump does most of its learning within one window);
-    - the circuit (AA-2): the steps at which the layer-2 QK identity cosine (`qk_identity`) and
-      `=`'s attention to the bound value(s) (mean of `bound_1var` and `bound_2var`) have covered
-      half of their change over the run (`analysis.curves.half_way_step`: a measure that
-      fluctuates before it rises would hand the steepest-rise rule a swing of its noise); the
-      layer-1 previous-token score (`routing`) likewise, for comparison;
+    - jump: searched after the addition phase (`jump_from` = the addition step; the first step
+      when 0-var accuracy never reaches `level`), because once addition is solved a model that adds
+      a uniformly chosen assigned value is already right with probability E[1/k], so the variable
+      accuracy first rises with addition to that plateau; the jump is the later rise from it.
+      Its step is the centre of the `window` of steepest rise of the variable accuracy (mean of
+      the 1-var and 2-var training pools, `VAR_POOLS`) among windows starting at or after
+      `jump_from`; `jump_share` is that rise over the curve's rise after `jump_from` (its highest
+      value after it minus its value there): a sharp jump does most of that learning in one window;
+    - the circuit (AA-2), after `jump_from` too: the step at which the share of bound values that
+      `=` reads more than every other assigned value (`bound_over_values`, at every evaluation)
+      has covered half of its change from `jump_from` to the end, and the step at which the
+      layer-2 QK identity cosine (`qk_identity`) has covered half of its change over the run
+      (`analysis.curves.half_way_step`: a measure that fluctuates before it rises would hand
+      the steepest-rise rule a swing of its noise); the layer-1 previous-token score (`routing`)
+      likewise over the run, for comparison;
     - refinement: centre of the window of steepest rise of the hard-case accuracy (mean of the
       var-restricted pools, `HARD_POOLS`) among windows that start after the jump's window.
     A jump or refinement whose rise is below `min_rise` is not detected (NaN); without a jump
@@ -519,25 +587,31 @@ def detect_phases(metrics: pd.DataFrame, member: int = 0, window: float | None =
     at_half = [curves.crossing_step(steps, m[f"acc_{p}"], 0.5) for p in VAR_POOLS]
     variable_step, var_half = float(np.fmin(*at_level)), float(np.fmin(*at_half))
 
-    jump, jump_rise = curves.steepest_rise(steps, var, window)
-    whole = float(var.max() - var[0])
-    jump_share = jump_rise / whole if whole > 0 else float("nan")
+    addition = curves.crossing_step(steps, zero, level)
+    start = addition if not math.isnan(addition) else float(steps[0])
+    jump, jump_rise = curves.steepest_rise(steps, var, window, after=start)
+    later = steps >= start
+    rise_after = float(var[later].max() - curves.value_at(steps, var, start)) if later.any() else float("nan")
+    jump_share = jump_rise / rise_after if rise_after > 0 else float("nan")
     if not jump_rise >= min_rise:
         jump = float("nan")
 
-    def half_way(columns):
+    def half_way(columns, after=None):
         if not all(c in m for c in columns):
             return float("nan")
-        return curves.half_way_step(steps, m[list(columns)].mean(axis=1).to_numpy())
+        keep = steps >= after if after is not None else np.ones(len(steps), bool)
+        if keep.sum() < 2:
+            return float("nan")
+        return curves.half_way_step(steps[keep], m[list(columns)].mean(axis=1).to_numpy()[keep])
 
     refine, refine_rise = (curves.steepest_rise(steps, hard, window, after=jump + window / 2)
                            if not math.isnan(jump) else (float("nan"), float("nan")))
     if not refine_rise >= min_rise:
         refine = float("nan")
-    return Phases(addition_step=curves.crossing_step(steps, zero, level), variable_step=variable_step,
+    return Phases(addition_step=addition, variable_step=variable_step,
                   var_half_step=var_half, zero_at_var_half=curves.value_at(steps, zero, var_half),
-                  jump_step=jump, jump_rise=jump_rise, jump_share=jump_share,
-                  qk_step=half_way(["qk_identity"]), bound_step=half_way(["bound_1var", "bound_2var"]),
+                  jump_from=start, jump_step=jump, jump_rise=jump_rise, jump_share=jump_share,
+                  qk_step=half_way(["qk_identity"]), bound_step=half_way(["bound_over_values"], after=start),
                   routing_step=half_way(["routing"]), refine_step=refine, refine_rise=refine_rise,
                   window=window)
 
@@ -551,7 +625,7 @@ def phases_table(metrics: pd.DataFrame, window: float | None = None) -> pd.DataF
     return pd.DataFrame(rows).set_index("member")
 
 
-NO_JUMP = "no jump detected (no window in which the variable accuracy rises by 0.2)"
+NO_JUMP = "no jump detected (no window after the addition phase in which the variable accuracy rises by 0.2)"
 NO_REFINEMENT = "no refinement detected (no window after the jump in which the hard cases rise by 0.2)"
 
 
@@ -618,10 +692,22 @@ def checkpoint_after(run, step: float) -> int:
 
 def stage_checkpoint(run, phases: Phases) -> int | None:
     """AA-12's stage: the last checkpoint before the jump's window, where layer 2 does not match
-    variables yet. None when no jump was detected (there is then no such stage to name)."""
+    variables yet, and never before the addition phase has ended (`jump_from`): the stage the
+    theory is about is the plateau from which the jump starts, not the start of training. None
+    when no jump was detected, or no checkpoint lies between the two (there is then no such stage
+    to name: see `stage_missing_why`)."""
     if math.isnan(phases.jump_step):
         return None
-    return checkpoint_before(run, phases.jump_step - phases.window / 2)
+    inside = [s for s in run.checkpoint_steps() if phases.jump_from <= s < phases.jump_step - phases.window / 2]
+    return inside[-1] if inside else None
+
+
+def stage_missing_why(phases: Phases) -> str:
+    """Why `stage_checkpoint` named no stage."""
+    if math.isnan(phases.jump_step):
+        return "no jump detected, so there is no stage before it"
+    return (f"no checkpoint lies between the end of the addition phase (step {phases.jump_from:.0f}) and the "
+            f"jump's window (from step {phases.jump_step - phases.window / 2:.0f})")
 
 
 def transition_checkpoints(run, phases: Phases) -> dict[str, int]:

@@ -23,10 +23,11 @@ with safetensors.
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Mapping
 
+import numpy as np
 import torch
 
 from .toy import ToyConfig, ToyTransformer
@@ -36,17 +37,18 @@ _WRAPPERS = ("state_dict", "model_state_dict", "model")
 _TL_CONFIG_NAMES = {"normalization_type", "attn_only", "positional_embedding_type"}
 
 
-def read_state_dict(path_or_state_dict) -> dict[str, torch.Tensor]:
+def read_state_dict(path_or_state_dict, mmap: bool = False) -> dict[str, torch.Tensor]:
     """A flat {name: tensor} dict from a file path or a (possibly wrapped) mapping.
 
     Accepts the state dict itself or a dict that wraps it under 'state_dict',
-    'model_state_dict' or 'model' (as training scripts often save it).
+    'model_state_dict' or 'model' (as training scripts often save it). mmap: map a PyTorch
+    file's tensors instead of reading them (for their shapes; formats that cannot be mapped are read).
     """
     if isinstance(path_or_state_dict, (str, Path)):
         path = Path(path_or_state_dict).expanduser()
         if not path.is_file():
             raise ValueError(f"checkpoint {str(path)!r} is not a file")
-        obj = _read_checkpoint_file(path)
+        obj = _read_checkpoint_file(path, mmap)
     else:
         obj = path_or_state_dict
     if not isinstance(obj, Mapping):
@@ -73,7 +75,7 @@ CHECKPOINT_FORMATS = ("a PyTorch state dict saved with torch.save (.pt/.pth), te
                       "a safetensors file (.safetensors)")
 
 
-def _read_checkpoint_file(path: Path):
+def _read_checkpoint_file(path: Path, mmap: bool = False):
     """The object stored in a checkpoint file; a ValueError naming the path and the formats the book
     reads for anything else (a text file, an empty or truncated file, a damaged safetensors file).
     Never unpickles code: a pickle that holds more than tensors is refused, not loaded."""
@@ -91,6 +93,11 @@ def _read_checkpoint_file(path: Path):
             from safetensors.torch import load
 
             return load(path.read_bytes())
+        if mmap:
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # a legacy (non-zip) file cannot be mapped: read it
+                pass
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - every reader error means the same thing to the user
         kind = type(e).__name__
@@ -238,16 +245,67 @@ def step_of(name: str) -> int:
 
 
 def step_checkpoints(directory) -> dict[int, Path]:
-    """{step: file} for the checkpoints of a released training run: every `.pt`, `.pth` or
-    `.safetensors` file directly in `directory` (other files are ignored), the step read from the
-    file name (`step_of`). Two files with the same step, a checkpoint whose name carries no step,
-    or a directory without checkpoints is an error naming the directory and the files."""
+    """{step: file} for the checkpoints of a released training run, the final model included
+    (`read_release`)."""
+    return read_release(directory).files
+
+
+@dataclass(frozen=True)
+class Release:
+    """A released training run read from a folder (`read_release`).
+
+    files: {step: file} in step order, the final model last; final: the step-less final model file
+    (None when the folder holds step files only: the last of them is then the final model);
+    final_step: the step the final model is placed at; n_step_files: files that carry a step.
+    """
+
+    path: Path
+    files: dict
+    final: Path | None
+    final_step: int
+    n_step_files: int
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def describe(self) -> str:
+        """What the folder holds, for a reader: the step files and where the final model sits."""
+        steps = [s for s, f in self.files.items() if f != self.final]
+        text = f"{self.n_step_files} step checkpoints (steps {steps[0]}-{steps[-1]})" if steps else "no step checkpoints"
+        if self.final is None:
+            return text + f"; the last, step {self.final_step}, is the final model"
+        if self.final_step in steps:
+            return text + f" and the final model {self.final.name} (equal to step {self.final_step})"
+        return text + f" and the final model {self.final.name} (placed at step {self.final_step}, one checkpoint " \
+                      f"interval after the last step file)"
+
+
+def read_release(directory) -> Release:
+    """The checkpoints of a released training run: every `.pt`, `.pth` or `.safetensors` file directly
+    in `directory` (other files are ignored).
+
+    A file whose name carries a step (`step_of`) is a checkpoint at that step. One file whose name
+    carries no number at all (`model_state_dict.pth`, `final.pt`) is the final model: the last
+    checkpoint, placed one checkpoint interval (the most common spacing of the step files) after the
+    last step file - or at that step, when it holds the same tensors. Refused, naming the directory
+    and the files: two files at one step, two step-less files, a name with several numbers and no
+    `step`, a folder without step files, and files of different configurations (`check_same_shapes`:
+    every checkpoint of one run has the same parameters and shapes)."""
     path = Path(directory).expanduser()
     if not path.is_dir():
         raise ValueError(f"checkpoint directory {str(path)!r} is not a directory")
     found: dict[int, Path] = {}
+    final: Path | None = None
     for f in sorted(path.iterdir()):
         if not f.is_file() or not f.name.endswith(CHECKPOINT_SUFFIXES):
+            continue
+        if not re.search(r"\d", f.name):
+            if final is not None:
+                raise ValueError(f"checkpoint directory {str(path)!r}: {final.name!r} and {f.name!r} both carry no "
+                                 f"step, so neither can be told to be the final model; name the others with their step "
+                                 f"(e.g. checkpoint_step_5301.pth)")
+            final = f
             continue
         step = step_of(f.name)
         if step in found:
@@ -255,5 +313,58 @@ def step_checkpoints(directory) -> dict[int, Path]:
                              f"carry step {step}")
         found[step] = f
     if not found:
+        if final is not None:
+            raise ValueError(f"checkpoint directory {str(path)!r} holds no step checkpoints, only the final model "
+                             f"{final.name!r}: one model has no training history; pass the file itself")
         raise ValueError(f"checkpoint directory {str(path)!r} holds no {'/'.join(CHECKPOINT_SUFFIXES)} files")
-    return dict(sorted(found.items()))
+    found = dict(sorted(found.items()))
+    check_same_shapes(path, [*found.values(), *([final] if final else [])])
+    n_step_files, last = len(found), max(found)
+    final_step = last
+    if final is not None:
+        if _same_tensors(final, found[last]):
+            found[last] = final
+        else:
+            gaps = np.diff(list(found)) if len(found) > 1 else np.array([1])
+            values, counts = np.unique(gaps, return_counts=True)
+            final_step = last + int(values[counts.argmax()])
+            found[final_step] = final
+    return Release(path, found, final, final_step, n_step_files)
+
+
+def state_dict_shapes(path: Path) -> dict[str, tuple]:
+    """{name: shape} of a checkpoint file's tensors (buffers TransformerLens keeps left out), read
+    without loading the tensors where the format allows."""
+    state = read_state_dict(path, mmap=True)
+    return {k: tuple(v.shape) for k, v in state.items() if not _DROPPED_BUFFERS.search(k)}
+
+
+def check_same_shapes(directory: Path, files: list[Path]) -> None:
+    """Every file holds the same parameters with the same shapes, or a ValueError naming the odd
+    file(s), the first parameter that differs and its shape in the other files."""
+    shapes = {f: state_dict_shapes(f) for f in files}
+    groups: dict[tuple, list[Path]] = {}
+    for f, s in shapes.items():
+        groups.setdefault(tuple(sorted(s.items())), []).append(f)
+    if len(groups) == 1:
+        return
+    common = max(groups.values(), key=len)  # the configuration most files share
+    ref = shapes[common[0]]
+    odd = [f for f in files if f not in common]
+    lines = []
+    for f in odd[:5]:
+        s = shapes[f]
+        key = next(k for k in [*ref, *s] if s.get(k) != ref.get(k))  # in the file's own order
+        lines.append(f"{f.name} has {key} {_shape(s.get(key))}, the other {len(common)} files {_shape(ref.get(key))}")
+    more = f" (and {len(odd) - 5} more files)" if len(odd) > 5 else ""
+    raise ValueError(f"checkpoint directory {str(directory)!r}: every checkpoint of one run must have the same "
+                     f"configuration, but " + "; ".join(lines) + more)
+
+
+def _shape(shape) -> str:
+    return "(absent)" if shape is None else "[" + ", ".join(map(str, shape)) + "]"
+
+
+def _same_tensors(a: Path, b: Path) -> bool:
+    sa, sb = read_state_dict(a), read_state_dict(b)
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
