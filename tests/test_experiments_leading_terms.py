@@ -219,3 +219,26 @@ def test_plot_cosines_draws_one_labelled_panel_per_weight_kind():
     assert titles == ["attention W", "value V", "positional P", "output W_O"]
     assert all(ax.get_ylabel() == "cosine with leading term" for ax in fig.axes)
     assert len(fig.axes[0].get_lines()) >= 2  # two layers of W (+ the 0.9 line)
+
+
+def test_cosine_evaluator_is_float64_and_never_above_one():
+    """Planted cosines on a large float32 weight: the callback computes in float64, so a weight equal
+    to its (float32-rounded) leading term gives a cosine within 1e-7 of 1 and never above it, and a
+    weight at a planted angle gives cos(angle) to float32 rounding of the weight (1e-7)."""
+    V = 300
+    x, y = batch(V=V, T=6, N=400)
+    stats = lt.leading_stats(x, y, V)
+    ens = Ensemble(OneHotConfig(V, 6, 1), seeds=(0, 1, 2))
+    B = stats.B / stats.B.norm()
+    noise = torch.randn(V, V, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    noise -= (noise * B).sum() * B  # orthogonal to B
+    noise /= noise.norm()
+    angle = 0.3
+    with torch.no_grad():
+        ens.params["unembed.W_U"][0] = (1e3 * B).float()
+        ens.params["unembed.W_U"][1] = (1e-3 * B).float()
+        ens.params["unembed.W_U"][2] = (math.cos(angle) * B + math.sin(angle) * noise).float()
+    cos = el.CosineEvaluator(stats)(ens, 1)["cos_W_O"]
+    assert cos.dtype == torch.float64
+    assert 1 - 1e-7 < cos[0] <= 1 and 1 - 1e-7 < cos[1] <= 1
+    assert float(cos[2]) == pytest.approx(math.cos(angle), abs=1e-7)
