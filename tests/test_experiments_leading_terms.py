@@ -242,3 +242,20 @@ def test_cosine_evaluator_is_float64_and_never_above_one():
     assert cos.dtype == torch.float64
     assert 1 - 1e-7 < cos[0] <= 1 and 1 - 1e-7 < cos[1] <= 1
     assert float(cos[2]) == pytest.approx(math.cos(angle), abs=1e-7)
+
+
+def test_matrix_summary_names_the_matrices_that_fail():
+    """Planted curves for three matrices at lr 0.5 (and a decoy at another lr): W1 ends at 0.6, V0
+    at exactly 0.7 (not above it), W_O at 0.95; V0 first drops below 0.9 after s*eta = 1."""
+    curves = {("W1", "W", 1): (1.0, 0.95, 0.92, 0.6), ("V0", "V", 0): (1.0, 0.91, 0.85, 0.7),
+              ("W_O", "W_O", -1): (1.0, 0.99, 0.97, 0.95)}
+    rows = [{"lr": 0.5, "step": s, "s_eta": 0.5 * s, "weight": w, "kind": k, "layer": l, "cosine": c}
+            for (w, k, l), cs in curves.items() for s, c in zip((1, 2, 3, 4), cs)]
+    rows.append({"lr": 0.1, "step": 4, "s_eta": 0.4, "weight": "W_O", "kind": "W_O", "layer": -1, "cosine": 0.1})
+    table = el.matrix_summary(pd.DataFrame(rows), 0.5)
+    assert list(table["weight"]) == ["W1", "V0", "W_O"], "ordered by kind (W, V, W_O), then layer"
+    assert list(table["final"]) == [0.6, 0.7, 0.95]
+    assert list(table["ends_below"]) == [True, True, False]
+    assert list(table["s_eta_above_0.9"]) == [1.5, 1.0, 2.0]
+    assert el.names_or_none(table.loc[table.ends_below, "weight"]) == "W1, V0"
+    assert el.names_or_none([]) == "none"

@@ -13,7 +13,7 @@ Corpus and runs (all notebooks)
     `first_batch_stats`      B, Sigma_B, Phi, Q, q_pos of the first training batch (the paper's
                              theory takes its statistics from it).
 Training curves (notebook 02, LT-1, LT-2; notebook 04, LT-5)
-    `cosine_frame`, `min_cosines`, `s_eta_until_below`.
+    `cosine_frame`, `min_cosines`, `s_eta_until_below`, `matrix_summary` (per matrix: which fail).
 Ablation (notebook 03, LT-4)
     `mean_loss`, `ablation_table`, `undone_fractions`.
 Basis maps (notebook 01, LT-3)
@@ -169,6 +169,35 @@ def s_eta_until_below(frame: pd.DataFrame, lr: float, level: float, kinds=("W_O"
         return float(worst.index.max())
     before = worst[worst.index < below.index[0]]
     return float(before.index.max()) if not before.empty else 0.0
+
+
+def matrix_summary(frame: pd.DataFrame, lr: float, level: float = 0.7, band: float = 0.9,
+                   kinds=("W", "V", "W_O")) -> pd.DataFrame:
+    """One row per weight matrix of `kinds` for one lr: its cosine at the last evaluation, its lowest
+    cosine, the largest s * eta up to which it stays >= `band` (`s_eta_until_below` of that matrix
+    alone) and whether it ends at or below `level` (LT-2 asks every matrix to end above 0.7)."""
+    sub = frame[np.isclose(frame["lr"], lr) & frame["kind"].isin(kinds)]
+    rows = []
+    for name, g in sub.groupby("weight", sort=False):
+        g = g.sort_values("s_eta")
+        worst = g.set_index("s_eta")["cosine"]
+        below = worst[worst < band]
+        if below.empty:
+            until = float(worst.index.max())
+        else:
+            before = worst[worst.index < below.index[0]]
+            until = float(before.index.max()) if not before.empty else 0.0
+        final = float(g["cosine"].iloc[-1])
+        rows.append({"weight": name, "kind": g["kind"].iloc[0], "layer": int(g["layer"].iloc[0]), "final": final,
+                     "lowest": float(g["cosine"].min()), f"s_eta_above_{band:g}": until, "ends_below": final <= level})
+    rows.sort(key=lambda r: (list(kinds).index(r["kind"]), r["layer"]))
+    return pd.DataFrame(rows)
+
+
+def names_or_none(names) -> str:
+    """'W2, V0' or 'none': a list of weight names as a phrase for the scorecard row."""
+    names = list(names)
+    return ", ".join(names) if names else "none"
 
 
 # =============================================================================
@@ -676,9 +705,9 @@ def attention_summary(att: pd.DataFrame) -> pd.DataFrame:
 WEIGHT_TITLES = {"W": "attention W", "V": "value V", "P": "positional P", "W_O": "output W_O"}
 
 
-def plot_cosines(frame: pd.DataFrame, lr: float):
+def plot_cosines(frame: pd.DataFrame, lr: float, levels=(0.9,)):
     """One panel per weight kind (W, V, P, W_O), one line per layer: cosine with the leading term
-    against s * eta for one learning rate, a dotted line at 0.9. Returns the figure."""
+    against s * eta for one learning rate, a dotted line at each of `levels`. Returns the figure."""
     from .. import plotting
 
     sub = frame[np.isclose(frame["lr"], lr)].copy()
@@ -687,6 +716,7 @@ def plot_cosines(frame: pd.DataFrame, lr: float):
     for ax, kind in zip(axes.flat, ("W", "V", "P", "W_O")):
         plotting.curves(ax, sub[sub["kind"] == kind], x="s_eta", y="cosine", hue="layer", title=WEIGHT_TITLES[kind],
                         xlabel="$s\\eta$ (steps x learning rate)", ylabel="cosine with leading term")
-        ax.axhline(0.9, color="0.5", lw=0.8, ls=":")
+        for level in levels:
+            ax.axhline(level, color="0.5", lw=0.8, ls=":")
     fig.suptitle(f"learning rate {lr:g}")
     return fig
