@@ -81,9 +81,36 @@ def test_ablation_removes_one_projection_at_a_time_and_restores_the_weights():
     assert table.loc[table.removed == "none", "loss"].iloc[0] == pytest.approx(el.mean_loss(model, x, y))
     undone = el.undone_fractions(table, math.log(8))
     assert undone.loc[undone.removed == "W_O", "undone"].iloc[0] == pytest.approx(1.0)
+
+
+def test_baseline_table_known_answers():
+    """Only W_O is non-zero and equals 10 B: its leading-term removal gives the uniform output
+    (undone 1); with the true statistics passed as the 'shuffled' ones that column repeats it; the
+    same-size change in B's span gives the loss of W_O - 10 ||B|| R (computed here by hand); zero
+    weights (V, W) change nothing under any of the three."""
+    x, y = batch(V=8, T=5, N=30)
+    stats = lt.leading_stats(x, y, 8)
+    model = OneHotConfig(8, 5, 2).build().double()
+    with torch.no_grad():
+        model.weights()["W_O"].copy_(10 * stats.B)
+    before = {k: v.detach().clone() for k, v in model.weights().items()}
+    table = el.baseline_table(model, stats, stats, x, y, math.log(8), share=0.9, seed=3).set_index("weight")
+    assert all(torch.equal(before[k], v) for k, v in model.weights().items()), "weights restored"
+    assert table.loc["W_O", "leading term"] == pytest.approx(1.0)
+    assert table.loc["W_O", "shuffled-corpus leading term"] == pytest.approx(1.0)
+    R = lt.random_in_span(stats.B, 0.9, seed=lt_seed("W_O", 3))
+    W = 10 * stats.B - 10 * stats.B.norm() * R
+    loss = float(-(W[x]).log_softmax(-1).gather(-1, y[..., None]).mean())
     base = el.mean_loss(model, x, y)
-    rnd = el.random_direction_undone(model, "W_O", x, y, base, math.log(8))
-    assert abs(rnd) < 0.2 and all(torch.equal(before[k], v) for k, v in model.weights().items())
+    assert table.loc["W_O", "same-size change in its span"] == pytest.approx((loss - base) / (math.log(8) - base))
+    assert (table.drop("W_O")[["leading term", "same-size change in its span"]].abs() < 1e-12).all().all()
+    assert table.loc["W_O", "cosine with leading term"] == pytest.approx(1.0)
+
+
+def lt_seed(name, seed):
+    from circuitbook.tasks.base import derive_seed
+
+    return derive_seed("span-baseline", name, seed)
 
 
 def test_mean_loss_of_a_zero_model_is_log_vocab():

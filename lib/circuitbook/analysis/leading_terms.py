@@ -214,6 +214,60 @@ def remove_projection(weight: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
     return weight - (weight * t).sum() / denom * t
 
 
+# ---------------------------------------------------------------- baselines of a removal
+# Removing the projection on a random direction of R^(|V| x |V|) takes away about 1/|V|^2 of a
+# weight: it undoes nothing by construction. Two baselines that can undo something:
+#   the leading term of a shuffled corpus: the same tokens in random order (same frequencies, no
+#       sequence structure); its B is P(j) (P(k) - 1/|V|), the frequency part of the real B;
+#   a same-size random change in the leading term's span: subtract, instead of the projection,
+#       a random matrix of the projection's norm inside the span of the leading term's top
+#       singular vectors (the subspace where the weight's leading-term part lives).
+
+def shuffled_corpus(inputs: torch.Tensor, targets: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of the same samples with all their tokens permuted at random across the
+    batch: the token frequencies stay, the order goes. targets must be inputs shifted by one."""
+    if inputs.dim() != 2 or inputs.shape != targets.shape or not torch.equal(inputs[:, 1:], targets[:, :-1]):
+        raise ValueError("shuffled_corpus: targets must be the inputs shifted by one position ([N, T] each, "
+                         "targets[:, :-1] == inputs[:, 1:]), as the samples of a corpus are")
+    seqs = torch.cat([inputs[:, :1], targets], 1)
+    gen = torch.Generator().manual_seed(int(seed))
+    flat = seqs.reshape(-1)[torch.randperm(seqs.numel(), generator=gen)].reshape(seqs.shape)
+    return flat[:, :-1].contiguous(), flat[:, 1:].contiguous()
+
+
+def top_singular_subspace(term: torch.Tensor, share: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
+    """(U_r, V_r): the left and right singular vectors of the fewest top singular values of a matrix
+    that hold at least `share` of its squared Frobenius norm (float64)."""
+    if not 0 < share <= 1:
+        raise ValueError(f"top_singular_subspace: share={share}; expected 0 < share <= 1")
+    if term.dim() != 2:
+        raise ValueError(f"top_singular_subspace: expected a matrix, got shape {tuple(term.shape)}")
+    U, S, Vh = torch.linalg.svd(term.double(), full_matrices=False)
+    energy = (S ** 2).cumsum(0) / (S ** 2).sum()
+    r = int((energy < share - 1e-12).sum()) + 1
+    return U[:, :r], Vh[:r].T
+
+
+def random_in_span(term: torch.Tensor, share: float = 0.9, seed: int = 0) -> torch.Tensor:
+    """A random unit-norm matrix U_r G V_r^T (G standard normal) in the span of the term's top
+    singular vectors (`top_singular_subspace`)."""
+    U, V = top_singular_subspace(term, share)
+    gen = torch.Generator().manual_seed(int(seed))
+    G = torch.randn(U.shape[1], V.shape[1], generator=gen, dtype=torch.float64)
+    R = U @ G @ V.T
+    return R / R.norm()
+
+
+def perturb_like_removal(weight: torch.Tensor, term: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+    """weight minus `direction` scaled to the norm of weight's projection on `term`: a change of the
+    same size as `remove_projection(weight, term)`, in another direction."""
+    t, d = term.double(), direction.double()
+    size = (weight.double() * t).sum().abs() / t.norm()
+    if d.norm() == 0:
+        raise ValueError("perturb_like_removal: the direction is zero")
+    return weight - (size * d / d.norm()).to(weight.dtype)
+
+
 # ---------------------------------------------------------------- during training
 
 PARAM_TO_WEIGHT = {"unembed.W_U": "W_O"}

@@ -15,7 +15,8 @@ Corpus and runs (all notebooks)
 Training curves (notebook 02, LT-1, LT-2; notebook 04, LT-5)
     `cosine_frame`, `min_cosines`, `s_eta_until_below`, `matrix_summary` (per matrix: which fail).
 Ablation (notebook 03, LT-4)
-    `mean_loss`, `ablation_table`, `undone_fractions`.
+    `mean_loss`, `loss_with`, `ablation_table`, `undone_fractions`, `baseline_table` (the same
+    removal with the shuffled corpus's leading term, and a same-size change in the term's span).
 Basis maps (notebook 01, LT-3)
     `top_successors`, `context_lift`, `top_context_partners`, `neighbours`; the word lists
     `ADJECTIVES`, `NOUNS`, `SETTINGS`, `WORD_CLASSES` (the book's, hand-made for TinyStories, so
@@ -215,24 +216,56 @@ def mean_loss(model: OneHotTransformer, inputs: torch.Tensor, targets: torch.Ten
     return total / count
 
 
+def loss_with(model: OneHotTransformer, name: str, weight: torch.Tensor, inputs: torch.Tensor,
+              targets: torch.Tensor) -> float:
+    """The mean loss with weight `name` replaced by `weight` (the model is restored afterwards)."""
+    w = model.weights()[name]
+    original = w.detach().clone()
+    with torch.no_grad():
+        w.copy_(weight)
+    try:
+        return mean_loss(model, inputs, targets)
+    finally:
+        with torch.no_grad():
+            w.copy_(original)
+
+
 def ablation_table(model: OneHotTransformer, stats: lt.LeadingStats, inputs: torch.Tensor,
                    targets: torch.Tensor) -> pd.DataFrame:
     """The loss with each weight's leading-term projection removed (one weight at a time)."""
-    weights = model.weights()
     rows = [{"removed": "none", "kind": "none", "layer": -1, "loss": mean_loss(model, inputs, targets)}]
-    for name, w in weights.items():
+    for name, w in model.weights().items():
         kind = lt.kind_of(name)
         if kind == "P":
             continue  # the paper ablates W, V and W_O
-        original = w.detach().clone()
-        with torch.no_grad():
-            w.copy_(lt.remove_projection(original, stats.direction(kind)))
-        try:
-            rows.append({"removed": name, "kind": kind, "layer": -1 if name == "W_O" else int(name[1:]),
-                         "loss": mean_loss(model, inputs, targets)})
-        finally:
-            with torch.no_grad():
-                w.copy_(original)
+        without = lt.remove_projection(w.detach(), stats.direction(kind))
+        rows.append({"removed": name, "kind": kind, "layer": -1 if name == "W_O" else int(name[1:]),
+                     "loss": loss_with(model, name, without, inputs, targets)})
+    return pd.DataFrame(rows)
+
+
+def baseline_table(model: OneHotTransformer, stats: lt.LeadingStats, shuffled: lt.LeadingStats,
+                   inputs: torch.Tensor, targets: torch.Tensor, initial_loss: float, share: float = 0.9,
+                   seed: int = 0) -> pd.DataFrame:
+    """Per weight (W, V, W_O): the share of the training gain undone by removing its leading-term
+    projection ('leading term'), by removing instead the projection on the leading term of the
+    shuffled corpus (`shuffled`: the same tokens in random order), and by a change of the removal's
+    size in a random direction of the leading term's top singular span (`lt.random_in_span`)."""
+    base = mean_loss(model, inputs, targets)
+    undone = lambda loss: (loss - base) / (initial_loss - base)
+    rows = []
+    for name, w in model.weights().items():
+        kind = lt.kind_of(name)
+        if kind == "P":
+            continue
+        w, term = w.detach(), stats.direction(kind)
+        direction = lt.random_in_span(term, share, seed=derive_seed("span-baseline", name, seed))
+        changed = {"leading term": lt.remove_projection(w, term),
+                   "shuffled-corpus leading term": lt.remove_projection(w, shuffled.direction(kind)),
+                   "same-size change in its span": lt.perturb_like_removal(w, term, direction)}
+        rows.append({"weight": name, "kind": kind, "cosine with leading term": lt.cosine(w, term),
+                     "cosine with shuffled leading term": lt.cosine(w, shuffled.direction(kind)),
+                     **{k: undone(loss_with(model, name, v, inputs, targets)) for k, v in changed.items()}})
     return pd.DataFrame(rows)
 
 
@@ -667,24 +700,6 @@ def activation_gib(batch: int, seq_len: int, vocab_size: int, n_layers: int, mem
     logits and their log-softmax, per ensemble member."""
     per = batch * seq_len * vocab_size * 4
     return (5 * n_layers + 3) * per * members / 2 ** 30
-
-
-def random_direction_undone(model: OneHotTransformer, name: str, inputs, targets, base_loss: float,
-                            initial_loss: float, seed: int = 0) -> float:
-    """The baseline of a removal: remove the projection of weight `name` on a random direction
-    instead of its leading term; the fraction of the training gain this undoes."""
-    w = model.weights()[name]
-    gen = torch.Generator().manual_seed(derive_seed("random-direction", name, seed))
-    direction = torch.randn(w.shape, generator=gen, dtype=torch.float64).to(w.dtype)
-    original = w.detach().clone()
-    with torch.no_grad():
-        w.copy_(lt.remove_projection(original, direction))
-    try:
-        loss = mean_loss(model, inputs, targets)
-    finally:
-        with torch.no_grad():
-            w.copy_(original)
-    return (loss - base_loss) / (initial_loss - base_loss)
 
 
 def embedding_summary(emb: pd.DataFrame, key: str = "embed") -> dict:
