@@ -156,8 +156,12 @@ def test_restricted_and_full_runs_and_their_loss_gap(runs_dir):
     task = im.recall_task(4, 2, f_v=0.5)
     runs = im.train_restricted_and_full(task, [0, 1], steps=4, lr=1.0, batch=16, eval_every=2, pool_size=32,
                                         name="test/im2")
+    assert set(runs) == {"restricted", "full S", "unrestricted"}
+    assert runs["full S"].model(0).phi.numel() == imir.IMIRBasis.concatenated(imir.Layout.from_task(task), 2,
+                                                                             1).n_coords
     gap = im.loss_gap(runs["restricted"], runs["unrestricted"])
     assert gap["seed"].tolist() == [0, 1] and (gap["max_gap"] >= 0).all()
+
     same = im.loss_gap(runs["restricted"], runs["restricted"])
     assert (same["max_gap"] == 0).all()
     params = dict(runs["unrestricted"].model(0).named_parameters())
@@ -206,3 +210,36 @@ def test_type_gradients_known_answers():
     assert per[("non-canonical", "delta = 0")].norm() > 0
     table = im.type_gradient_table(per)
     assert table.set_index("queried chain").loc["canonical", "delta = 0"] == pytest.approx(1.0)
+
+
+class MetricsRun:
+    """A stand-in for a Run: only metrics(), as the share of the gradient reads it."""
+
+    def __init__(self, frame):
+        self.frame = frame
+
+    def metrics(self):
+        return self.frame
+
+
+def test_share_outside_directions_against_the_exact_projection():
+    """At two planted points of the four-direction model (zero, and alpha, beta, gamma, delta non-zero)
+    on an enumerable task: the exact share equals 1 - sum_d <g, u_d>^2 / ||proj_S g||^2 computed
+    here from the basis; two sampled estimates of 4000 sequences each land near it."""
+    task = im.recall_task(3, 1, f_v=1.0)
+    layout = imir.Layout.from_task(task)
+    basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+    dirs = imir.two_layer_directions(basis)
+    points = [dict(alpha=0.0, beta=0.0, gamma=0.0, delta=0.0), dict(alpha=1.0, beta=2.0, gamma=1.5, delta=-0.5)]
+    frame = pd.DataFrame([{"member": 0, "seed": 0, "step": 10 * i, "acc_icl": 0.0, **p} for i, p in enumerate(points)])
+    exact = im.share_outside_directions(MetricsRun(frame), task, n_points=2, n_grad=None)
+    for p, share in zip(points, exact["share_outside"]):
+        theta = sum(p[d] * basis.direction_weights(v) / basis.direction_norm(v) for d, v in dirs.items())
+        g = imir.expected_gradient(imir.theory_model(layout, 2, 1, coords=theta), task)
+        inside = basis.project(g)
+        on = sum(basis.direction_value(g, v) ** 2 for v in dirs.values())
+        total = sum(w.pow(2).sum().item() for w in inside.values())
+        assert share == pytest.approx(1 - on / total, abs=1e-9)
+    assert 0 < exact["share_outside"].iloc[0] < 1 and 0 < exact["share_outside"].iloc[1] < 1
+    sampled = im.share_outside_directions(MetricsRun(frame), task, n_points=2, n_grad=4000)
+    assert np.allclose(sampled["share_outside"], exact["share_outside"], atol=0.05)

@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 from ..analysis import curves, imir
-from ..tasks.base import Batch, FixedDataset
+from ..tasks.base import Batch, FixedDataset, derive_seed
 from ..tasks.blocklist import KINDS, BlockListTask, rejection_rate, symmetry_test
 from ..train import Run, TrainConfig, _tensor_digest, default_device, train
 
@@ -285,16 +285,20 @@ class Probe:
 
 def train_restricted_and_full(task: BlockListTask, seeds: Sequence[int], steps: int, lr: float, batch: int,
                               eval_every: int, pool_size: int, name: str = "inductive_manifold/im2") -> dict[str, Run]:
-    """The 2-layer, 1-head theory model from zero init: restricted to (alpha, beta, gamma, delta)
-    and unrestricted (every W_QK and W_U entry), plain SGD, same batches."""
+    """The 2-layer, 1-head theory model from zero init, three ways, plain SGD on the same batches:
+    'restricted' to (alpha, beta, gamma, delta); 'full S', restricted to every coordinate of S (an
+    IMIRModel of the whole manifold: unrestricted training as Theorem 1 says it goes in expectation,
+    without the minibatch noise that leaves S); 'unrestricted', every W_QK and W_U entry."""
     layout = imir.Layout.from_task(task)
     basis = imir.IMIRBasis.concatenated(layout, 2, 1)
     dirs = imir.two_layer_directions(basis)
     probe = Probe(basis, dirs, recall_pools(task, pool_size))
     tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(seeds), lr=lr, optimizer="sgd", eval_every=eval_every,
                      log_checkpoints=8)
+    whole = imir.IMIRConfig(layout.token_classes, layout.association, layout.seq_len, n_layers=2)
     return {"restricted": train(f"{name}/restricted", imir.IMIRConfig.with_directions(layout, dirs), task, tc,
                                 evaluate=probe),
+            "full S": train(f"{name}/full_s", whole, task, tc, evaluate=probe),
             "unrestricted": train(f"{name}/unrestricted", imir.theory_config(layout, 2, 1), task, tc, evaluate=probe,
                                   init_fn=imir.TheoryInit(layout))}
 
@@ -310,6 +314,58 @@ def loss_gap(restricted: Run, unrestricted: Run, column: str = "loss_task", scal
         ref = scale if scale is not None else float(g["u"].iloc[0])
         rows.append({"seed": seed, "max_gap": float((g["r"] - g["u"]).abs().max() / ref),
                      "final_restricted": float(g["r"].iloc[-1]), "final_unrestricted": float(g["u"].iloc[-1])})
+    return pd.DataFrame(rows)
+
+
+WEIGHT_NAMES_2 = ("blocks.0.attn.W_QK", "blocks.1.attn.W_QK", "unembed.W_U")
+
+
+def _flat(weights: Mapping[str, torch.Tensor], names: Sequence[str] = WEIGHT_NAMES_2) -> torch.Tensor:
+    return torch.cat([weights[n].detach().double().reshape(-1) for n in names])
+
+
+def span_columns(basis: imir.IMIRBasis, directions: Mapping[str, Mapping[str, float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inner, outer): flattened weights of the named directions and of every basis element of S
+    (2-layer model), as columns for `analysis.subspace.share_outside`."""
+    eye = torch.eye(basis.n_coords, dtype=torch.float64)
+    outer = torch.stack([_flat(basis.weights(eye[i])) for i in range(basis.n_coords)], 1)
+    inner = torch.stack([_flat(basis.weights(basis.direction_weights(d))) for d in directions.values()], 1)
+    return inner, outer
+
+
+def share_outside_directions(run: Run, task: BlockListTask, n_points: int, n_grad: int | None,
+                             seed: int = 0) -> pd.DataFrame:
+    """Along each member's trajectory of a run restricted to (alpha, beta, gamma, delta): the share of
+    the in-S part of the expected gradient that lies outside the span of the four directions.
+
+    At `n_points` evaluated steps spread over the run the weights are rebuilt from the logged unit
+    coordinates, and the gradient of the unrestricted theory model there is estimated twice from
+    n_grad fresh sequences each; `analysis.subspace.share_outside` combines the two estimates so
+    that sampling noise does not inflate the share (n_grad None: the exact expected gradient of a
+    small task's enumerated distribution, used twice)."""
+    from ..analysis import subspace
+
+    layout = imir.Layout.from_task(task)
+    basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+    dirs = imir.two_layer_directions(basis)
+    inner, outer = span_columns(basis, dirs)
+    metrics = run.metrics()
+    rows = []
+    for member, g in metrics.groupby("member"):
+        g = g.sort_values("step").reset_index(drop=True)
+        picks = sorted(set(np.linspace(0, len(g) - 1, min(n_points, len(g))).round().astype(int)))
+        for i in picks:
+            r = g.iloc[i]
+            theta = sum(float(r[d]) * basis.direction_weights(v) / basis.direction_norm(v) for d, v in dirs.items())
+            model = imir.theory_model(layout, 2, 1, coords=theta)
+            if n_grad is None:
+                a = b = _flat(imir.expected_gradient(model, task))
+            else:
+                a, b = (_flat(imir.sampled_gradient(model, task, n_grad, seed=derive_seed("share", seed, int(r.step), h)))
+                        for h in (0, 1))
+            out = subspace.share_outside(a, b, inner, outer)
+            rows.append({"member": int(member), "seed": int(r.seed), "step": int(r.step), "acc_icl": float(r.acc_icl),
+                         **{d: float(r[d]) for d in dirs}, **out})
     return pd.DataFrame(rows)
 
 
