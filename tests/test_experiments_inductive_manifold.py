@@ -243,3 +243,56 @@ def test_share_outside_directions_against_the_exact_projection():
     assert 0 < exact["share_outside"].iloc[0] < 1 and 0 < exact["share_outside"].iloc[1] < 1
     sampled = im.share_outside_directions(MetricsRun(frame), task, n_points=2, n_grad=4000)
     assert np.allclose(sampled["share_outside"], exact["share_outside"], atol=0.05)
+
+
+def test_the_suppression_law_at_a_point_of_the_trajectory():
+    """At zero weights alpha's and beta's components are exactly 0 (their ratios NaN); at a point with
+    alpha, beta, gamma non-zero every direction gets gradient; all-rare queries never meet the
+    in-weights circuit, so every component's ratio is exactly 1 there too."""
+    point = {"alpha": 0.5, "beta": 1.0, "gamma": 2.0}
+    per0, _ = im.type_gradients(8, 8, 2, 64, seed=0, loss="mse")
+    per1, _ = im.type_gradients(8, 8, 2, 64, seed=0, loss="mse", point=point)
+    assert (per0[("non-canonical", "delta = 0")][:2] == 0).all() and per0[("non-canonical", "delta = 0")][2] != 0
+    assert (per1[("non-canonical", "delta = 0")].abs() > 1e-6).all()
+    law = im.suppression_law([(1.0, 0.0), (0.3, 0.5)], [0], 8, 8, 2, 64, "mse", points=[None, point])
+    zero, at = law[law.point == 0], law[law.point == 1]
+    assert zero[["measured_alpha", "measured_beta"]].isna().all().all() and zero["measured_gamma"].notna().all()
+    assert at.iloc[0][["measured_alpha", "measured_beta", "measured_gamma"]].tolist() == pytest.approx([1.0] * 3)
+    assert (at["at_beta"] == 1.0).all() and (zero["at_beta"] == 0.0).all()
+    errors = im.per_direction_errors(law).set_index("direction")
+    assert not np.isnan(errors.loc["alpha", "median"]), "zero-weight rows left out, the point's kept"
+    assert errors.loc["alpha", "median"] == pytest.approx(np.median(im.relative_error(
+        at["measured_alpha"], at["theory"])))
+
+
+def test_trajectory_points_and_per_direction_summaries():
+    frame = pd.DataFrame([{"member": m, "step": s, "alpha": 0.1 * s, "beta": 0.2 * s, "gamma": s, "delta": -s}
+                          for m in (0, 1) for s in (0, 10, 20, 30, 40)])
+    pts = im.trajectory_points(frame, 1, [0.5, 1.0], until=38.0)  # nearest evaluations to 19 and 38
+    assert [p["step"] for p in pts] == [20, 40] and pts[0]["beta"] == pytest.approx(4.0)
+    assert [p["step"] for p in im.trajectory_points(frame, 0, [0.25], until=float("nan"))] == [10]
+    with pytest.raises(ValueError, match="member 5"):
+        im.trajectory_points(frame, 5, [0.5])
+    law = pd.DataFrame({"seed": 0, "theory": [0.5, 0.5, 1.0], "measured_alpha": [0.55, 0.45, np.nan],
+                        "measured_beta": [0.5, 0.75, 1.0], "measured_gamma": [0.5, 0.5, 1.0]})
+    err = im.per_direction_errors(law).set_index("direction")
+    assert err.loc["alpha", "median"] == pytest.approx(0.1) and err.loc["alpha", "max"] == pytest.approx(0.1)
+    assert err.loc["beta", "max"] == pytest.approx(0.5) and err.loc["gamma", "max"] == 0
+    pts = pd.DataFrame([{"seed": 0, "point": 0, "b": b, "g_alpha": 2 * b, "g_beta": -3 * b, "g_gamma": 1.0}
+                        for b in (1, 2, 3)])
+    r2 = im.per_direction_r2(pts).set_index("direction")["r2"]
+    assert r2["alpha"] == pytest.approx(1.0) and r2["beta"] == pytest.approx(1.0) and np.isnan(r2["gamma"])
+
+
+def test_burstiness_at_points_starts_where_the_step_zero_gradient_is(runs_dir):
+    """The point at fraction 0 is step 0 (zero weights): its gradient norm for each b is the one
+    burstiness_table measured there, with the same sequences."""
+    run, members = im.train_burstiness_sweep(8, 4, [1, 2], [0], steps=6, lr=1.0, batch=16, eval_every=3,
+                                             pool_size=32, name="test/im4")
+    table = im.burstiness_table(run, members, 8, 4, 64, 0.5, loss="mse")
+    pts = im.burstiness_at_points(run, members, table, 8, 4, 64, [0.0, 1.0], loss="mse")
+    assert sorted(pts["point"].unique()) == [0, 1] and set(pts["b"]) == {1, 2}
+    start = pts[pts.point == 0].set_index("b")
+    norms = np.sqrt((start[["g_alpha", "g_beta", "g_gamma"]] ** 2).sum(axis=1))
+    assert np.allclose(norms.to_numpy(), table.set_index("b").loc[[1, 2], "icl_gradient"].to_numpy(), rtol=1e-6)
+    assert (pts[pts.point == 1]["step"] == 6).all(), "never emerged: the last step"

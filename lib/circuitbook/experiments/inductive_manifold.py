@@ -510,20 +510,39 @@ def icl_gradient_vector(model: imir.IMIRModel, task: BlockListTask, n: int, seed
     return g[[model.direction_names.index(d) for d in icl]]
 
 
+ICL_DIRECTIONS = ("alpha", "beta", "gamma")
+
+
+def with_point(model: imir.IMIRModel, point: Mapping[str, float] | None) -> imir.IMIRModel:
+    """A copy of a restricted model with its in-context directions at `point` ({alpha, beta, gamma};
+    None: zero, the start of training). delta is left as it is."""
+    import copy
+
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for name in ICL_DIRECTIONS:
+            m.phi[m.direction_names.index(name)] = 0.0 if point is None else float(point[name])
+    return m
+
+
 def type_gradients(n_pairs: int, n_rare: int, n_blocks: int, n_grad: int, seed: int, loss: str,
-                   p_learned: float = 0.99) -> tuple[dict, float]:
-    """The in-context gradient of the 2-layer model at alpha = beta = gamma = 0, for each kind of queried
-    chain alone (rare, canonical, non-canonical), with delta = 0 and with delta learned (`learned_delta`):
-    {(kind, 'delta = 0' | 'delta learned'): gradient vector}, and the learned delta.
+                   p_learned: float = 0.99, point: Mapping[str, float] | None = None) -> tuple[dict, float]:
+    """The in-context gradient of the 2-layer model at alpha = beta = gamma = 0 (or at `point`), for each
+    kind of queried chain alone (rare, canonical, non-canonical), with delta = 0 and with delta learned
+    (`learned_delta`): {(kind, 'delta = 0' | 'delta learned'): gradient vector on (alpha, beta, gamma)},
+    and the learned delta.
 
     The expected gradient of any mixture (f_r, f_v) is the mixture of these with the exact weights
     (`type_weights`): sampling each kind separately removes the noise of a sample's random mix of kinds.
+    At zero weights only gamma receives gradient; at a point with alpha, beta, gamma non-zero every
+    in-context direction does.
     """
     base = recall_task(n_pairs, n_blocks, f_v=0.0, f_r=0.0, n_rare=n_rare)
     layout = imir.Layout.from_task(base)
     basis = imir.IMIRBasis.concatenated(layout, 2, 1)
     model = imir.IMIRConfig.with_directions(layout, imir.two_layer_directions(basis)).build(0).double()
     d = learned_delta(model, base, loss, p_learned)
+    model = with_point(model, point)
     out = {}
     for kind, (fr, fv) in QUERY_TYPES.items():
         task = base.with_knobs(f_r=fr, f_v=fv)
@@ -533,18 +552,73 @@ def type_gradients(n_pairs: int, n_rare: int, n_blocks: int, n_grad: int, seed: 
 
 
 def suppression_law(grid: Sequence[tuple[float, float]], seeds: Sequence[int], n_pairs: int, n_rare: int,
-                    n_blocks: int, n_grad: int, loss: str, p_learned: float = 0.99) -> pd.DataFrame:
-    """Theorem 2 at the start of in-context learning: for each (f_r, f_v) and sample seed, the norm of the
-    expected in-context gradient with delta learned over the same with delta = 0 (no in-weights circuit),
-    each expectation the exact mixture of the per-kind gradients of `type_gradients`."""
+                    n_blocks: int, n_grad: int, loss: str, p_learned: float = 0.99,
+                    points: Sequence[Mapping[str, float] | None] = (None,)) -> pd.DataFrame:
+    """Theorem 2: for each in-context point (None: zero weights, the start of in-context learning), each
+    (f_r, f_v) and sample seed, the expected in-context gradient with delta learned over the same with
+    delta = 0 (no in-weights circuit), each expectation the exact mixture of the per-kind gradients of
+    `type_gradients`: the ratio of the norms ('measured') and, per direction d, the ratio of the
+    components ('measured_<d>'; NaN where the component is exactly zero, as alpha's and beta's are at
+    zero weights)."""
     rows = []
-    for seed in seeds:
-        per_kind, d = type_gradients(n_pairs, n_rare, n_blocks, n_grad, seed, loss, p_learned)
-        for fr, fv in grid:
-            w = type_weights(fr, fv)
-            g = {state: sum(w[k] * per_kind[(k, state)] for k in QUERY_TYPES) for state in ("delta = 0", "delta learned")}
-            rows.append({"f_r": fr, "f_v": fv, "seed": seed, "loss": loss, "theory": float(theory_factor(fr, fv)),
-                         "measured": float(g["delta learned"].norm() / g["delta = 0"].norm()), "delta_learned": d})
+    for p, point in enumerate(points):
+        at = {name: 0.0 if point is None else float(point[name]) for name in ICL_DIRECTIONS}
+        for seed in seeds:
+            per_kind, d = type_gradients(n_pairs, n_rare, n_blocks, n_grad, seed, loss, p_learned, point)
+            for fr, fv in grid:
+                w = type_weights(fr, fv)
+                g = {state: sum(w[k] * per_kind[(k, state)] for k in QUERY_TYPES)
+                     for state in ("delta = 0", "delta learned")}
+                per_direction = {f"measured_{name}": float(g["delta learned"][i] / g["delta = 0"][i])
+                                 if g["delta = 0"][i] != 0 else float("nan") for i, name in enumerate(ICL_DIRECTIONS)}
+                rows.append({"point": p, **{f"at_{k}": v for k, v in at.items()}, "f_r": fr, "f_v": fv, "seed": seed,
+                             "loss": loss, "theory": float(theory_factor(fr, fv)),
+                             "measured": float(g["delta learned"].norm() / g["delta = 0"].norm()),
+                             **per_direction, "delta_learned": d})
+    return pd.DataFrame(rows)
+
+
+def train_icl_trajectory(n_pairs: int, n_rare: int, n_blocks: int, seed: int, steps: int, lr: float, batch: int,
+                         eval_every: int, pool_size: int, name: str = "inductive_manifold/im3_trajectory") -> Run:
+    """The restricted 2-layer model from zero on the pure in-context version of a recall task (every
+    query non-canonical: f_v = 1, f_r = 0): its logged (alpha, beta, gamma) are the points along the
+    trajectory where the gradient laws are measured beyond zero weights."""
+    task = recall_task(n_pairs, n_blocks, f_v=1.0, f_r=0.0, n_rare=n_rare)
+    layout = imir.Layout.from_task(task)
+    basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+    dirs = imir.two_layer_directions(basis)
+    probe = Probe(basis, dirs, {"icl": recall_pools(task, pool_size)["icl"]})
+    tc = TrainConfig(steps=steps, batch_size=batch, seeds=(seed,), lr=lr, optimizer="sgd", eval_every=eval_every,
+                     log_checkpoints=0)
+    return train(name, imir.IMIRConfig.with_directions(layout, dirs), task, tc, evaluate=probe)
+
+
+def trajectory_points(metrics: pd.DataFrame, member: int, fractions: Sequence[float],
+                      until: float | None = None) -> list[dict]:
+    """The logged (step, alpha, beta, gamma, delta) of one member at the evaluations nearest to
+    fraction * until for each fraction (until: a step such as the emergence step; None: the last
+    evaluated step)."""
+    g = metrics[metrics["member"] == member].sort_values("step")
+    if g.empty:
+        raise ValueError(f"trajectory_points: no metrics for member {member}")
+    end = float(g["step"].max()) if until is None or not np.isfinite(until) else float(until)
+    out = []
+    for f in fractions:
+        r = g.iloc[int(np.abs(g["step"].to_numpy() - f * end).argmin())]
+        out.append({"step": int(r["step"]), **{d: float(r[d]) for d in (*ICL_DIRECTIONS, "delta")}})
+    return out
+
+
+def per_direction_errors(law: pd.DataFrame) -> pd.DataFrame:
+    """Per seed and in-context direction: the median and the largest |measured_d / theory - 1| over
+    the grid and the points of a `suppression_law` frame (rows where the component is zero left out)."""
+    rows = []
+    for seed, g in law.groupby("seed"):
+        for d in ICL_DIRECTIONS:
+            err = relative_error(g[f"measured_{d}"], g["theory"])
+            err = err[np.isfinite(err)]
+            rows.append({"seed": seed, "direction": d, "median": float(np.median(err)) if len(err) else float("nan"),
+                         "max": float(err.max()) if len(err) else float("nan")})
     return pd.DataFrame(rows)
 
 
@@ -597,6 +671,42 @@ def burstiness_table(run: Run, members: Sequence[tuple], n_pairs: int, n_blocks:
         model = run.model(k, 0).double()
         rows.append({"b": b, "seed": seed, "icl_gradient": icl_gradient(model, task, n_grad, seed=k, loss=loss),
                      "emergence_step": float(cross.get(k, np.nan))})
+    return pd.DataFrame(rows)
+
+
+def burstiness_at_points(run: Run, members: Sequence[tuple], table: pd.DataFrame, n_pairs: int, n_blocks: int,
+                         n_grad: int, fractions: Sequence[float], f_v: float = 1.0, loss: str = "ce") -> pd.DataFrame:
+    """Theorem 3 beyond zero weights: per seed, points of the trajectory of its smallest-b member (at
+    `fractions` of that member's emergence step, `table` from `burstiness_table`; of its last step if
+    it never emerged), and at each point the in-context gradient on alpha, beta and gamma for every b
+    (the same weights for every b; the same sample seed per b as at step 0)."""
+    metrics = run.metrics()
+    lowest = min(b for (b,), _, _ in members)
+    rows = []
+    for seed in sorted({s for _, s, _ in members}):
+        k0 = next(k for k, ((b,), s, _) in enumerate(members) if b == lowest and s == seed)
+        until = table.loc[(table.b == lowest) & (table.seed == seed), "emergence_step"].iloc[0]
+        model = run.model(k0, 0).double()
+        for p, point in enumerate(trajectory_points(metrics, k0, fractions, until)):
+            at = with_direction(with_point(model, point), "delta", point["delta"])
+            for k, ((b,), s, _) in enumerate(members):
+                if s != seed:
+                    continue
+                task = recall_task(n_pairs, n_blocks, f_v=f_v, burstiness=b)
+                g = icl_gradient_vector(at, task, n_grad, seed=k, loss=loss)
+                rows.append({"seed": seed, "point": p, "step": point["step"],
+                             **{f"at_{d}": point[d] for d in ICL_DIRECTIONS}, "b": b,
+                             **{f"g_{d}": float(g[i]) for i, d in enumerate(ICL_DIRECTIONS)}})
+    return pd.DataFrame(rows)
+
+
+def per_direction_r2(points: pd.DataFrame) -> pd.DataFrame:
+    """Per seed, point and in-context direction: R^2 of the line through the origin of the gradient
+    component against b (`proportional_fit`) of a `burstiness_at_points` frame."""
+    rows = []
+    for (seed, p), g in points.groupby(["seed", "point"]):
+        for d in ICL_DIRECTIONS:
+            rows.append({"seed": seed, "point": p, "direction": d, "r2": proportional_fit(g["b"], g[f"g_{d}"])["r2"]})
     return pd.DataFrame(rows)
 
 
