@@ -79,6 +79,88 @@ def test_logistic_fit_and_own_sizes():
     assert sizes["1->2"].iloc[3] == pytest.approx(math.log(math.sqrt(1 + 0.25 + 0.25)))
 
 
+def test_init_design_slices_and_replicates():
+    d = im.init_design([0.0, 1.0, 2.0], base=0.5, jitter=1.0, seed=3, slices=2, replicates=2)
+    assert len(d) == 2 * 9 * 2 and d["member_seed"].is_unique and d["point"].nunique() == 18
+    by_point = d.groupby("point")
+    assert (by_point[list(im.CIRCUIT_DIRECTIONS)].nunique() == 1).all().all(), "replicates start alike"
+    assert (by_point["replicate"].apply(sorted).map(tuple) == (0, 1)).all()
+    by_slice = d.groupby("slice")
+    assert (by_slice[list(im.OTHER_DIRECTIONS)].nunique() == 1).all().all(), "a slice is a 2-d section"
+    assert d.loc[d.slice == 0, "beta12"].iloc[0] != d.loc[d.slice == 1, "beta12"].iloc[0]
+    assert sorted(by_slice.get_group(1)[["alpha1", "alpha2"]].drop_duplicates().itertuples(index=False)) == sorted(
+        (a, b) for a in (0.0, 1.0, 2.0) for b in (0.0, 1.0, 2.0))
+    with pytest.raises(ValueError, match="replicates"):
+        im.init_design([0.0], 0.5, 1.0, replicates=0)
+
+
+def test_grouped_folds_never_test_on_a_copy():
+    """Random labels on 40 points of 60 random features, each point copied 5 times: with the copies in
+    the training folds the fit recalls them (high cross-validated accuracy); grouped, it is chance."""
+    rng = np.random.default_rng(1)
+    X = np.repeat(rng.normal(size=(40, 60)), 5, axis=0)
+    y = list(np.repeat(rng.choice(["a", "b"], 40), 5))
+    groups = np.repeat(np.arange(40), 5)
+    assert im.logistic_fit(X, y, l2=1e-6)["cv_accuracy"] > 0.9
+    fit = im.logistic_fit(X, y, l2=1e-6, groups=groups)
+    assert fit["cv_accuracy"] < 0.7 and len(fit["cv_correct"]) == 200
+
+
+def test_paired_gap_known_values():
+    a = np.array([1, 0, 1, 0, 1, 1], bool)
+    b = np.array([1, 1, 1, 1, 0, 1], bool)
+    d = b.astype(float) - a
+    out = im.paired_gap(a, b)
+    assert out["gap"] == pytest.approx(d.mean()) and out["se"] == pytest.approx(d.std(ddof=1) / math.sqrt(6))
+    grouped = im.paired_gap(np.array([0, 0, 1, 1]), np.array([1, 1, 1, 1]), groups=[7, 7, 9, 9])
+    assert grouped["gap"] == 0.5 and grouped["se"] == pytest.approx(0.5)  # sqrt((1 + 1) * 2 / 1) / 4
+    with pytest.raises(ValueError, match="two groups"):
+        im.paired_gap(np.array([0, 1]), np.array([1, 1]), groups=[0, 0])
+
+
+def test_nested_fits_see_what_own_sizes_cannot():
+    """The winner is planted as beta12 > beta13; each circuit's own size is dominated by its gamma,
+    drawn independently and large, so own sizes barely predict it while the nested fit with the
+    coordinates does: the gap is large and its standard error small."""
+    rng = np.random.default_rng(0)
+    n = 300
+    d = pd.DataFrame({"alpha1": 1.0, "alpha2": 0.1, "beta12": rng.uniform(0, 1, n), "beta13": rng.uniform(0, 1, n),
+                      "beta23": 0.1, "gamma2": rng.uniform(2, 6, n), "gamma3": rng.uniform(2, 6, n),
+                      "point": np.arange(n)})
+    d["winner"] = np.where(d.beta12 > d.beta13, "1->2", "1->3")
+    out = im.nested_fits(d)
+    assert out["nested_acc"] > 0.9 and out["own_size_acc"] < 0.75
+    assert out["gap"] == pytest.approx(out["nested_acc"] - out["own_size_acc"]) and out["gap_se"] < 0.05
+
+
+def test_point_outcomes_and_boundary_sharpness():
+    """Slice 0: winner A in the first column of a 3 x 3 grid, B elsewhere, every replicate agreeing: the
+    six points beside the boundary are decided, sharpness 1. Slice 1: the middle column undecided (its
+    replicates disagree): 6 decided points beside it, 3 undecided, sharpness 6/9."""
+    rows = []
+    for sl in (0, 1):
+        for i, a1 in enumerate((0.0, 1.0, 2.0)):
+            for a2 in (0.0, 1.0, 2.0):
+                point = len(rows) // 2
+                for r in (0, 1):
+                    if sl == 1 and i == 1:
+                        w = "A" if r == 0 else "B"
+                    else:
+                        w = "A" if i == 0 else "B"
+                    rows.append({"point": point, "slice": sl, "alpha1": a1, "alpha2": a2, "winner": w})
+    pts = im.point_outcomes(pd.DataFrame(rows))
+    assert len(pts) == 18 and (pts.outcome == "undecided").sum() == 3
+    assert not pts.loc[pts.outcome == "undecided", "replicates_agree"].any()
+    assert im.boundary_sharpness(pts[pts.slice == 0]) == {"sharpness": 1.0, "decided_at_boundary": 6,
+                                                           "undecided": 0}
+    assert im.boundary_sharpness(pts[pts.slice == 1])["sharpness"] == pytest.approx(6 / 9)
+    assert im.boundary_sharpness(pts)["sharpness"] == pytest.approx(12 / 15)
+    one = pts[pts.slice == 0].assign(outcome="A")
+    assert math.isnan(im.boundary_sharpness(one)["sharpness"]), "no boundary: nothing to measure"
+    mixed = pd.DataFrame([{"point": 0, "slice": 0, "alpha1": 0.0, "alpha2": 0.0, "winner": "mixed"}])
+    assert im.point_outcomes(mixed)["outcome"].iloc[0] == "undecided"
+
+
 def test_init_table_and_three_layer_directions():
     task = im.recall_task(8, 2, f_v=1.0)
     layout = imir.Layout.from_task(task)

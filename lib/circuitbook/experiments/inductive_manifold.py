@@ -12,7 +12,8 @@ Two layers, IM-2..IM-4 (03)     `recall_task`, `Probe`, `train_restricted_and_fu
                                 `saturating_delta`, `train_suppression_sweep`, `suppression_table`,
                                 `train_burstiness_sweep`, `burstiness_table`, `train_standard`
 Initialisation, IM-5 (04)       `three_layer_directions`, `CIRCUITS`, `InitTable`, `init_design`,
-                                `train_init_ensemble`, `winners`, `logistic_fit`
+                                `train_init_ensemble`, `winners`, `logistic_fit`, `nested_fits`,
+                                `paired_gap`, `point_outcomes`, `boundary_sharpness`
 Circuit detection, IM-6 (05)    `train_two_hop`, `backward_elimination`, `aiding_split`, `circuit_graph`,
                                 `finds_two_hop_circuit`
 
@@ -829,17 +830,30 @@ class InitTable:
             model.phi[model.direction_names.index(name)] = value
 
 
-def init_design(grid: Sequence[float], base: float, jitter: float, seed: int = 0) -> pd.DataFrame:
-    """Initial coordinates: alpha1(0) x alpha2(0) on `grid` x `grid`; every other direction at
-    base * exp(U(-jitter, jitter)), drawn per member (so the logistic fit can tell whether they matter)."""
+OTHER_DIRECTIONS = ("beta12", "beta13", "beta23", "gamma2", "gamma3")
+
+
+def init_design(grid: Sequence[float], base: float, jitter: float, seed: int = 0, slices: int = 1,
+                replicates: int = 1) -> pd.DataFrame:
+    """Initial coordinates: `slices` draws of the five directions other than alpha1 and alpha2 (each
+    base * exp(U(-jitter, jitter))), each crossed with alpha1(0) x alpha2(0) on `grid` x `grid`, each
+    initial point trained by `replicates` members that differ only in their data (member seed).
+
+    A slice is a clean 2-d section of initialisation space (its phase diagram has boundaries one can
+    measure); the slices make the other five coordinates vary (so the nested fits can tell whether
+    they matter); the replicates tell whether the initialisation or the data picks the winner."""
+    if slices < 1 or replicates < 1:
+        raise ValueError(f"init_design: slices={slices}, replicates={replicates}; both must be >= 1")
     rng = np.random.default_rng(seed)
     rows = []
-    for a1 in grid:
+    for sl in range(slices):
+        others = {d: float(base * math.exp(rng.uniform(-jitter, jitter))) for d in OTHER_DIRECTIONS}
         for a2 in grid:
-            row = {"alpha1": float(a1), "alpha2": float(a2)}
-            for d in ("beta12", "beta13", "beta23", "gamma2", "gamma3"):
-                row[d] = float(base * math.exp(rng.uniform(-jitter, jitter)))
-            rows.append(row)
+            for a1 in grid:
+                point = len(rows) // replicates
+                for r in range(replicates):
+                    rows.append({"point": point, "slice": sl, "replicate": r, "alpha1": float(a1), "alpha2": float(a2),
+                                 **others})
     df = pd.DataFrame(rows)
     df.insert(0, "member_seed", np.arange(len(df)))
     return df
@@ -947,27 +961,100 @@ def _softmax_regression(X: np.ndarray, y: np.ndarray, n_classes: int, l2: float)
 
 
 def logistic_fit(features: np.ndarray, labels: Sequence[str], folds: int = 5, l2: float = 1e-3,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, groups: Sequence | None = None) -> dict:
     """Multinomial logistic regression of `labels` on standardised `features`: k-fold cross-validated
-    accuracy, and the in-sample accuracy of the fit on all points."""
+    accuracy (and each sample's held-out correctness, `cv_correct`), and the in-sample accuracy of the
+    fit on all points. groups: samples of one group (e.g. replicates of one initial point) always
+    share a fold, so a fold never tests on a copy of what it trained on."""
     X = np.asarray(features, float)
     X = (X - X.mean(0)) / np.where(X.std(0) > 0, X.std(0), 1.0)
     classes = sorted(set(labels))
     y = np.array([classes.index(c) for c in labels])
     if len(classes) < 2:
-        return {"cv_accuracy": 1.0, "train_accuracy": 1.0, "classes": classes}
+        return {"cv_accuracy": 1.0, "train_accuracy": 1.0, "classes": classes, "cv_correct": np.ones(len(y), bool)}
+    ids = np.arange(len(y)) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(y))
-    correct = 0
+    fold_of = np.empty(ids.max() + 1, int)
+    fold_of[rng.permutation(ids.max() + 1)] = np.arange(ids.max() + 1) % folds
+    correct = np.zeros(len(y), bool)
     for f in range(folds):
-        test = order[f::folds]
-        train_idx = np.setdiff1d(order, test)
+        test = np.flatnonzero(fold_of[ids] == f)
+        train_idx = np.flatnonzero(fold_of[ids] != f)
+        if len(test) == 0:
+            continue
         W = _softmax_regression(X[train_idx], y[train_idx], len(classes), l2)
-        pred = (np.hstack([X[test], np.ones((len(test), 1))]) @ W).argmax(1)
-        correct += int((pred == y[test]).sum())
+        correct[test] = (np.hstack([X[test], np.ones((len(test), 1))]) @ W).argmax(1) == y[test]
     W = _softmax_regression(X, y, len(classes), l2)
     train_acc = float(((np.hstack([X, np.ones((len(y), 1))]) @ W).argmax(1) == y).mean())
-    return {"cv_accuracy": correct / len(y), "train_accuracy": train_acc, "classes": classes}
+    return {"cv_accuracy": float(correct.mean()), "train_accuracy": train_acc, "classes": classes,
+            "cv_correct": correct}
+
+
+def paired_gap(correct_a: np.ndarray, correct_b: np.ndarray, groups: Sequence | None = None) -> dict:
+    """The accuracy gap mean(b) - mean(a) of two predictors scored on the same samples, and its
+    standard error from the per-sample differences (cluster-robust over `groups`, whose samples are
+    not independent; with one sample per group it is sd(d) / sqrt(n))."""
+    d = np.asarray(correct_b, float) - np.asarray(correct_a, float)
+    if d.ndim != 1 or len(d) < 2:
+        raise ValueError(f"paired_gap: needs at least two paired samples, got {d.shape}")
+    ids = np.arange(len(d)) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
+    G = ids.max() + 1
+    if G < 2:
+        raise ValueError("paired_gap: needs at least two groups")
+    sums = np.bincount(ids, weights=d - d.mean(), minlength=G)
+    return {"gap": float(d.mean()), "se": float(np.sqrt((sums ** 2).sum() * G / (G - 1)) / len(d))}
+
+
+def nested_fits(decided: pd.DataFrame, folds: int = 5, seed: int = 0) -> dict:
+    """Two nested multinomial logistic fits of the winner (one class of model, the second with more
+    features): on each circuit's own initial size (log ||(alpha, beta, gamma)(0)||, three features),
+    and on those plus all seven initial coordinates. Folds keep the replicates of an initial point
+    together. Returns both cross-validated accuracies and the gap with its standard error."""
+    own = own_sizes(decided).to_numpy()
+    coords = decided[list(CIRCUIT_DIRECTIONS)].to_numpy()
+    labels, groups = list(decided["winner"]), decided["point"].to_numpy()
+    a = logistic_fit(own, labels, folds, seed=seed, groups=groups)
+    b = logistic_fit(np.hstack([own, coords]), labels, folds, seed=seed, groups=groups)
+    gap = paired_gap(a["cv_correct"], b["cv_correct"], groups)
+    return {"own_size_acc": a["cv_accuracy"], "nested_acc": b["cv_accuracy"], "gap": gap["gap"], "gap_se": gap["se"],
+            "own_size_train_acc": a["train_accuracy"], "nested_train_acc": b["train_accuracy"]}
+
+
+def point_outcomes(wins: pd.DataFrame) -> pd.DataFrame:
+    """Per initial point of a replicated design: its slice and grid position, the winner when every
+    replicate has the same single winner ('decided'), else 'undecided' (replicates disagree, or one is
+    mixed or none)."""
+    rows = []
+    for point, g in wins.groupby("point"):
+        w = set(g["winner"])
+        single = len(w) == 1 and not w & {"mixed", "none"}
+        rows.append({"point": point, "slice": int(g["slice"].iloc[0]), "alpha1": float(g["alpha1"].iloc[0]),
+                     "alpha2": float(g["alpha2"].iloc[0]), "outcome": next(iter(w)) if single else "undecided",
+                     "replicates_agree": len(w) == 1})
+    return pd.DataFrame(rows)
+
+
+def boundary_sharpness(points: pd.DataFrame) -> dict:
+    """How sharp the phase boundaries are, on each slice's alpha1 x alpha2 grid: D / (D + U) with U the
+    undecided points and D the decided points next to (4-neighbour) a point of another outcome. A
+    boundary that falls between two neighbouring grid points, each decided, gives 1; a band of w
+    undecided points across it gives about 2 / (2 + w). NaN when no slice has a boundary."""
+    decided_at_boundary = undecided = 0
+    for _, g in points.groupby("slice"):
+        a1, a2 = sorted(g["alpha1"].unique()), sorted(g["alpha2"].unique())
+        grid = {(a1.index(r.alpha1), a2.index(r.alpha2)): r.outcome for r in g.itertuples()}
+        for (i, j), outcome in grid.items():
+            if outcome == "undecided":
+                undecided += 1
+                continue
+            near = [grid.get((i + di, j + dj)) for di, dj in ((1, 0), (-1, 0), (0, 1), (0, -1))]
+            decided_at_boundary += any(n is not None and n != outcome for n in near)
+    total = decided_at_boundary + undecided
+    return {"sharpness": decided_at_boundary / total if total else float("nan"),
+            "decided_at_boundary": decided_at_boundary, "undecided": undecided}
+
+
+CIRCUIT_DIRECTIONS = ("alpha1", "alpha2", *OTHER_DIRECTIONS)
 
 
 def own_sizes(design: pd.DataFrame) -> pd.DataFrame:
