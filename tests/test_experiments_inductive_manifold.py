@@ -378,3 +378,17 @@ def test_burstiness_at_points_starts_where_the_step_zero_gradient_is(runs_dir):
     norms = np.sqrt((start[["g_alpha", "g_beta", "g_gamma"]] ** 2).sum(axis=1))
     assert np.allclose(norms.to_numpy(), table.set_index("b").loc[[1, 2], "icl_gradient"].to_numpy(), rtol=1e-6)
     assert (pts[pts.point == 1]["step"] == 6).all(), "never emerged: the last step"
+
+
+def test_random_chain_rate_is_the_hypergeometric_chance():
+    """One complete chain (4 coordinates) among 12 that cannot make another: a random subset of k
+    contains it with probability C(8, k - 4) / C(12, k); all 12 always do, 3 never."""
+    chain = ["L1H0|emb|emb|pos1", "L2H0|emb|L1H0|I", "L3H0|L2H0|L1H0|I", "U|L3H0|I"]
+    fillers = ["L1H0|emb|emb|pos0", "L1H0|emb|emb|pos2", "L2H0|emb|emb|I", "L2H0|emb|emb|C", "U|emb|I", "U|emb|C",
+               "U|L1H0|I", "U|L2H0|C"]
+    names = chain + fillers
+    assert im.random_chain_rate(names, 12, draws=50) == 1.0 and im.random_chain_rate(names, 3, draws=50) == 0.0
+    expected = math.comb(8, 2) / math.comb(12, 6)
+    assert im.random_chain_rate(names, 6, draws=4000, seed=1) == pytest.approx(expected, abs=0.015)
+    with pytest.raises(ValueError, match="size=13"):
+        im.random_chain_rate(names, 13)

@@ -15,7 +15,7 @@ Initialisation, IM-5 (04)       `three_layer_directions`, `CIRCUITS`, `InitTable
                                 `train_init_ensemble`, `winners`, `logistic_fit`, `nested_fits`,
                                 `paired_gap`, `point_outcomes`, `boundary_sharpness`
 Circuit detection, IM-6 (05)    `train_two_hop`, `backward_elimination`, `aiding_split`, `circuit_graph`,
-                                `finds_two_hop_circuit`
+                                `finds_two_hop_circuit`, `random_chain_rate`
 
 Conventions: every training run goes through `circuitbook.train` (ensembles of seeds and sweeps);
 the loss is the library's last-position cross-entropy; "unit directions": an IMIRModel's phi and
@@ -1260,6 +1260,19 @@ def finds_two_hop_circuit(names_alive: Sequence[str]) -> bool:
                 if any(heads(p) and heads(p)[-1] == c for _, p, _ in readout):
                     return True
     return False
+
+
+def random_chain_rate(names: Sequence[str], size: int, draws: int = 2000, seed: int = 0) -> float:
+    """The baseline of `finds_two_hop_circuit`: the share of `draws` random subsets of `size` of all
+    coordinate names that contain a complete 2-hop chain. If it is high, finding a chain among the
+    survivors says little about the elimination."""
+    names = list(names)
+    if not 0 <= size <= len(names):
+        raise ValueError(f"random_chain_rate: size={size} must be between 0 and the {len(names)} coordinates")
+    rng = np.random.default_rng(seed)
+    hits = sum(finds_two_hop_circuit([names[i] for i in rng.choice(len(names), size, replace=False)])
+               for _ in range(draws))
+    return hits / draws
 
 
 def circuit_graph(table: pd.DataFrame, n_layers: int):
