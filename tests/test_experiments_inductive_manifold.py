@@ -353,6 +353,9 @@ def test_trajectory_points_and_per_direction_summaries():
     pts = im.trajectory_points(frame, 1, [0.5, 1.0], until=38.0)  # nearest evaluations to 19 and 38
     assert [p["step"] for p in pts] == [20, 40] and pts[0]["beta"] == pytest.approx(4.0)
     assert [p["step"] for p in im.trajectory_points(frame, 0, [0.25], until=float("nan"))] == [10]
+    assert [p["step"] for p in im.trajectory_points(frame, 0, [0.0, 0.5, 0.52, 1.0])] == [20, 40], \
+        "step 0 (alpha, beta zero) left out, each step once"
+    assert im.trajectory_points(frame, 0, [0.0], nonzero=())[0]["step"] == 0
     with pytest.raises(ValueError, match="member 5"):
         im.trajectory_points(frame, 5, [0.5])
     law = pd.DataFrame({"seed": 0, "theory": [0.5, 0.5, 1.0], "measured_alpha": [0.55, 0.45, np.nan],
@@ -372,7 +375,7 @@ def test_burstiness_at_points_starts_where_the_step_zero_gradient_is(runs_dir):
     run, members = im.train_burstiness_sweep(8, 4, [1, 2], [0], steps=6, lr=1.0, batch=16, eval_every=3,
                                              pool_size=32, name="test/im4")
     table = im.burstiness_table(run, members, 8, 4, 64, 0.5, loss="mse")
-    pts = im.burstiness_at_points(run, members, table, 8, 4, 64, [0.0, 1.0], loss="mse")
+    pts = im.burstiness_at_points(run, members, table, 8, 4, 64, [0.0, 1.0], loss="mse", nonzero=())
     assert sorted(pts["point"].unique()) == [0, 1] and set(pts["b"]) == {1, 2}
     start = pts[pts.point == 0].set_index("b")
     norms = np.sqrt((start[["g_alpha", "g_beta", "g_gamma"]] ** 2).sum(axis=1))

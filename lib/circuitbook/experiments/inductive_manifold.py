@@ -594,18 +594,22 @@ def train_icl_trajectory(n_pairs: int, n_rare: int, n_blocks: int, seed: int, st
     return train(name, imir.IMIRConfig.with_directions(layout, dirs), task, tc, evaluate=probe)
 
 
-def trajectory_points(metrics: pd.DataFrame, member: int, fractions: Sequence[float],
-                      until: float | None = None) -> list[dict]:
+def trajectory_points(metrics: pd.DataFrame, member: int, fractions: Sequence[float], until: float | None = None,
+                      nonzero: Sequence[str] = ("alpha", "beta")) -> list[dict]:
     """The logged (step, alpha, beta, gamma, delta) of one member at the evaluations nearest to
-    fraction * until for each fraction (until: a step such as the emergence step; None: the last
-    evaluated step)."""
+    fraction * until for each fraction (until: a step such as the emergence step; None or NaN: the
+    last evaluated step), each step once, leaving out points where a direction of `nonzero` is still
+    exactly zero (the start of training)."""
     g = metrics[metrics["member"] == member].sort_values("step")
     if g.empty:
         raise ValueError(f"trajectory_points: no metrics for member {member}")
     end = float(g["step"].max()) if until is None or not np.isfinite(until) else float(until)
-    out = []
+    out, seen = [], set()
     for f in fractions:
         r = g.iloc[int(np.abs(g["step"].to_numpy() - f * end).argmin())]
+        if int(r["step"]) in seen or any(float(r[d]) == 0 for d in nonzero):
+            continue
+        seen.add(int(r["step"]))
         out.append({"step": int(r["step"]), **{d: float(r[d]) for d in (*ICL_DIRECTIONS, "delta")}})
     return out
 
@@ -676,11 +680,13 @@ def burstiness_table(run: Run, members: Sequence[tuple], n_pairs: int, n_blocks:
 
 
 def burstiness_at_points(run: Run, members: Sequence[tuple], table: pd.DataFrame, n_pairs: int, n_blocks: int,
-                         n_grad: int, fractions: Sequence[float], f_v: float = 1.0, loss: str = "ce") -> pd.DataFrame:
+                         n_grad: int, fractions: Sequence[float], f_v: float = 1.0, loss: str = "ce",
+                         nonzero: Sequence[str] = ("alpha", "beta")) -> pd.DataFrame:
     """Theorem 3 beyond zero weights: per seed, points of the trajectory of its smallest-b member (at
     `fractions` of that member's emergence step, `table` from `burstiness_table`; of its last step if
-    it never emerged), and at each point the in-context gradient on alpha, beta and gamma for every b
-    (the same weights for every b; the same sample seed per b as at step 0)."""
+    it never emerged; `trajectory_points`, which leaves out points where `nonzero` directions are
+    zero), and at each point the in-context gradient on alpha, beta and gamma for every b (the same
+    weights for every b; the same sample seed per b as at step 0)."""
     metrics = run.metrics()
     lowest = min(b for (b,), _, _ in members)
     rows = []
@@ -688,7 +694,7 @@ def burstiness_at_points(run: Run, members: Sequence[tuple], table: pd.DataFrame
         k0 = next(k for k, ((b,), s, _) in enumerate(members) if b == lowest and s == seed)
         until = table.loc[(table.b == lowest) & (table.seed == seed), "emergence_step"].iloc[0]
         model = run.model(k0, 0).double()
-        for p, point in enumerate(trajectory_points(metrics, k0, fractions, until)):
+        for p, point in enumerate(trajectory_points(metrics, k0, fractions, until, nonzero)):
             at = with_direction(with_point(model, point), "delta", point["delta"])
             for k, ((b,), s, _) in enumerate(members):
                 if s != seed:
@@ -698,7 +704,8 @@ def burstiness_at_points(run: Run, members: Sequence[tuple], table: pd.DataFrame
                 rows.append({"seed": seed, "point": p, "step": point["step"],
                              **{f"at_{d}": point[d] for d in ICL_DIRECTIONS}, "b": b,
                              **{f"g_{d}": float(g[i]) for i, d in enumerate(ICL_DIRECTIONS)}})
-    return pd.DataFrame(rows)
+    columns = ["seed", "point", "step", *(f"at_{d}" for d in ICL_DIRECTIONS), "b", *(f"g_{d}" for d in ICL_DIRECTIONS)]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def per_direction_r2(points: pd.DataFrame) -> pd.DataFrame:
