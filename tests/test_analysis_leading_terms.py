@@ -215,3 +215,50 @@ def test_hostile_inputs_are_refused():
         stats.direction("W")
     with pytest.raises(ValueError, match="kind"):
         stats.direction("QK")
+
+
+def test_shuffled_corpus_keeps_the_tokens_and_loses_the_order():
+    """A corpus that cycles deterministically (t -> t+1 mod V): its B is a shifted diagonal; shuffled,
+    the same tokens give B ~ P(j) (P(k) - 1/V), the frequency part, and the cycle is gone."""
+    V, N, T = 6, 200, 11
+    start = torch.randint(0, V, (N, 1), generator=torch.Generator().manual_seed(0))
+    seqs = (start + torch.arange(T + 1)) % V
+    x, y = seqs[:, :-1], seqs[:, 1:]
+    sx, sy = lt.shuffled_corpus(x, y, seed=1)
+    assert torch.equal(sx[:, 1:], sy[:, :-1]), "still a corpus: targets are the inputs shifted"
+    both = lambda a, b: torch.cat([a[:, :1], b], 1).reshape(-1).sort().values
+    assert torch.equal(both(sx, sy), both(x, y)), "the same multiset of tokens"
+    B, Bs = lt.bigram_map(x, y, V), lt.bigram_map(sx, sy, V)
+    assert lt.cosine(B, torch.roll(torch.eye(V, dtype=torch.float64), 1, 1) - 1 / V) > 0.99
+    p = torch.bincount(sx.reshape(-1), minlength=V).double() / sx.numel()
+    q = torch.bincount(sy.reshape(-1), minlength=V).double() / sy.numel()
+    assert (Bs - torch.outer(p, q - 1 / V)).abs().max() < 0.01, "order gone: B is the product of frequencies"
+    assert not torch.equal(lt.shuffled_corpus(x, y, seed=2)[0], sx)
+    with pytest.raises(ValueError, match="shifted by one"):
+        lt.shuffled_corpus(x, torch.roll(y, 1, 0))
+
+
+def test_random_in_span_and_a_perturbation_of_the_removal_size():
+    """A planted rank-3 term (singular values 3, 2, 1 and a small rest): the subspace holding 90% of
+    its squared norm has rank 2 (9 + 4 of 14.0001), 99.9% needs 3; a random matrix in it stays in it;
+    the perturbation is exactly as large as the projection removal."""
+    gen = torch.Generator().manual_seed(0)
+    U, _ = torch.linalg.qr(torch.randn(8, 8, generator=gen, dtype=torch.float64))
+    W, _ = torch.linalg.qr(torch.randn(8, 8, generator=gen, dtype=torch.float64))
+    s = torch.tensor([3.0, 2.0, 1.0, 0.01, 0, 0, 0, 0], dtype=torch.float64)
+    term = U @ torch.diag(s) @ W.T
+    assert lt.top_singular_subspace(term, 0.9)[0].shape == (8, 2)
+    assert lt.top_singular_subspace(term, 0.999)[0].shape == (8, 3)
+    R = lt.random_in_span(term, 0.999, seed=4)
+    P_left, P_right = U[:, :3] @ U[:, :3].T, W[:, :3] @ W[:, :3].T
+    assert torch.allclose(P_left @ R @ P_right, R, atol=1e-12) and float(R.norm()) == pytest.approx(1.0)
+    assert not torch.allclose(R, lt.random_in_span(term, 0.999, seed=5))
+    weight = torch.randn(8, 8, generator=gen, dtype=torch.float64)
+    moved = lt.perturb_like_removal(weight, term, R)
+    removed = lt.remove_projection(weight, term)
+    assert float((weight - moved).norm()) == pytest.approx(float((weight - removed).norm()), rel=1e-12)
+    assert lt.cosine(weight - moved, R) == pytest.approx(1.0), "the change is along the direction"
+    with pytest.raises(ValueError, match="share"):
+        lt.top_singular_subspace(term, 0.0)
+    with pytest.raises(ValueError, match="zero"):
+        lt.perturb_like_removal(weight, term, torch.zeros(8, 8))

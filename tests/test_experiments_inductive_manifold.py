@@ -79,6 +79,88 @@ def test_logistic_fit_and_own_sizes():
     assert sizes["1->2"].iloc[3] == pytest.approx(math.log(math.sqrt(1 + 0.25 + 0.25)))
 
 
+def test_init_design_slices_and_replicates():
+    d = im.init_design([0.0, 1.0, 2.0], base=0.5, jitter=1.0, seed=3, slices=2, replicates=2)
+    assert len(d) == 2 * 9 * 2 and d["member_seed"].is_unique and d["point"].nunique() == 18
+    by_point = d.groupby("point")
+    assert (by_point[list(im.CIRCUIT_DIRECTIONS)].nunique() == 1).all().all(), "replicates start alike"
+    assert (by_point["replicate"].apply(sorted).map(tuple) == (0, 1)).all()
+    by_slice = d.groupby("slice")
+    assert (by_slice[list(im.OTHER_DIRECTIONS)].nunique() == 1).all().all(), "a slice is a 2-d section"
+    assert d.loc[d.slice == 0, "beta12"].iloc[0] != d.loc[d.slice == 1, "beta12"].iloc[0]
+    assert sorted(by_slice.get_group(1)[["alpha1", "alpha2"]].drop_duplicates().itertuples(index=False)) == sorted(
+        (a, b) for a in (0.0, 1.0, 2.0) for b in (0.0, 1.0, 2.0))
+    with pytest.raises(ValueError, match="replicates"):
+        im.init_design([0.0], 0.5, 1.0, replicates=0)
+
+
+def test_grouped_folds_never_test_on_a_copy():
+    """Random labels on 40 points of 60 random features, each point copied 5 times: with the copies in
+    the training folds the fit recalls them (high cross-validated accuracy); grouped, it is chance."""
+    rng = np.random.default_rng(1)
+    X = np.repeat(rng.normal(size=(40, 60)), 5, axis=0)
+    y = list(np.repeat(rng.choice(["a", "b"], 40), 5))
+    groups = np.repeat(np.arange(40), 5)
+    assert im.logistic_fit(X, y, l2=1e-6)["cv_accuracy"] > 0.9
+    fit = im.logistic_fit(X, y, l2=1e-6, groups=groups)
+    assert fit["cv_accuracy"] < 0.7 and len(fit["cv_correct"]) == 200
+
+
+def test_paired_gap_known_values():
+    a = np.array([1, 0, 1, 0, 1, 1], bool)
+    b = np.array([1, 1, 1, 1, 0, 1], bool)
+    d = b.astype(float) - a
+    out = im.paired_gap(a, b)
+    assert out["gap"] == pytest.approx(d.mean()) and out["se"] == pytest.approx(d.std(ddof=1) / math.sqrt(6))
+    grouped = im.paired_gap(np.array([0, 0, 1, 1]), np.array([1, 1, 1, 1]), groups=[7, 7, 9, 9])
+    assert grouped["gap"] == 0.5 and grouped["se"] == pytest.approx(0.5)  # sqrt((1 + 1) * 2 / 1) / 4
+    with pytest.raises(ValueError, match="two groups"):
+        im.paired_gap(np.array([0, 1]), np.array([1, 1]), groups=[0, 0])
+
+
+def test_nested_fits_see_what_own_sizes_cannot():
+    """The winner is planted as beta12 > beta13; each circuit's own size is dominated by its gamma,
+    drawn independently and large, so own sizes barely predict it while the nested fit with the
+    coordinates does: the gap is large and its standard error small."""
+    rng = np.random.default_rng(0)
+    n = 300
+    d = pd.DataFrame({"alpha1": 1.0, "alpha2": 0.1, "beta12": rng.uniform(0, 1, n), "beta13": rng.uniform(0, 1, n),
+                      "beta23": 0.1, "gamma2": rng.uniform(2, 6, n), "gamma3": rng.uniform(2, 6, n),
+                      "point": np.arange(n)})
+    d["winner"] = np.where(d.beta12 > d.beta13, "1->2", "1->3")
+    out = im.nested_fits(d)
+    assert out["nested_acc"] > 0.9 and out["own_size_acc"] < 0.75
+    assert out["gap"] == pytest.approx(out["nested_acc"] - out["own_size_acc"]) and out["gap_se"] < 0.05
+
+
+def test_point_outcomes_and_boundary_sharpness():
+    """Slice 0: winner A in the first column of a 3 x 3 grid, B elsewhere, every replicate agreeing: the
+    six points beside the boundary are decided, sharpness 1. Slice 1: the middle column undecided (its
+    replicates disagree): 6 decided points beside it, 3 undecided, sharpness 6/9."""
+    rows = []
+    for sl in (0, 1):
+        for i, a1 in enumerate((0.0, 1.0, 2.0)):
+            for a2 in (0.0, 1.0, 2.0):
+                point = len(rows) // 2
+                for r in (0, 1):
+                    if sl == 1 and i == 1:
+                        w = "A" if r == 0 else "B"
+                    else:
+                        w = "A" if i == 0 else "B"
+                    rows.append({"point": point, "slice": sl, "alpha1": a1, "alpha2": a2, "winner": w})
+    pts = im.point_outcomes(pd.DataFrame(rows))
+    assert len(pts) == 18 and (pts.outcome == "undecided").sum() == 3
+    assert not pts.loc[pts.outcome == "undecided", "replicates_agree"].any()
+    assert im.boundary_sharpness(pts[pts.slice == 0]) == {"sharpness": 1.0, "decided_at_boundary": 6,
+                                                           "undecided": 0}
+    assert im.boundary_sharpness(pts[pts.slice == 1])["sharpness"] == pytest.approx(6 / 9)
+    assert im.boundary_sharpness(pts)["sharpness"] == pytest.approx(12 / 15)
+    one = pts[pts.slice == 0].assign(outcome="A")
+    assert math.isnan(im.boundary_sharpness(one)["sharpness"]), "no boundary: nothing to measure"
+    mixed = pd.DataFrame([{"point": 0, "slice": 0, "alpha1": 0.0, "alpha2": 0.0, "winner": "mixed"}])
+    assert im.point_outcomes(mixed)["outcome"].iloc[0] == "undecided"
+
+
 def test_init_table_and_three_layer_directions():
     task = im.recall_task(8, 2, f_v=1.0)
     layout = imir.Layout.from_task(task)
@@ -156,8 +238,12 @@ def test_restricted_and_full_runs_and_their_loss_gap(runs_dir):
     task = im.recall_task(4, 2, f_v=0.5)
     runs = im.train_restricted_and_full(task, [0, 1], steps=4, lr=1.0, batch=16, eval_every=2, pool_size=32,
                                         name="test/im2")
+    assert set(runs) == {"restricted", "full S", "unrestricted"}
+    assert runs["full S"].model(0).phi.numel() == imir.IMIRBasis.concatenated(imir.Layout.from_task(task), 2,
+                                                                             1).n_coords
     gap = im.loss_gap(runs["restricted"], runs["unrestricted"])
     assert gap["seed"].tolist() == [0, 1] and (gap["max_gap"] >= 0).all()
+
     same = im.loss_gap(runs["restricted"], runs["restricted"])
     assert (same["max_gap"] == 0).all()
     params = dict(runs["unrestricted"].model(0).named_parameters())
@@ -206,3 +292,106 @@ def test_type_gradients_known_answers():
     assert per[("non-canonical", "delta = 0")].norm() > 0
     table = im.type_gradient_table(per)
     assert table.set_index("queried chain").loc["canonical", "delta = 0"] == pytest.approx(1.0)
+
+
+class MetricsRun:
+    """A stand-in for a Run: only metrics(), as the share of the gradient reads it."""
+
+    def __init__(self, frame):
+        self.frame = frame
+
+    def metrics(self):
+        return self.frame
+
+
+def test_share_outside_directions_against_the_exact_projection():
+    """At two planted points of the four-direction model (zero, and alpha, beta, gamma, delta non-zero)
+    on an enumerable task: the exact share equals 1 - sum_d <g, u_d>^2 / ||proj_S g||^2 computed
+    here from the basis; two sampled estimates of 4000 sequences each land near it."""
+    task = im.recall_task(3, 1, f_v=1.0)
+    layout = imir.Layout.from_task(task)
+    basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+    dirs = imir.two_layer_directions(basis)
+    points = [dict(alpha=0.0, beta=0.0, gamma=0.0, delta=0.0), dict(alpha=1.0, beta=2.0, gamma=1.5, delta=-0.5)]
+    frame = pd.DataFrame([{"member": 0, "seed": 0, "step": 10 * i, "acc_icl": 0.0, **p} for i, p in enumerate(points)])
+    exact = im.share_outside_directions(MetricsRun(frame), task, n_points=2, n_grad=None)
+    for p, share in zip(points, exact["share_outside"]):
+        theta = sum(p[d] * basis.direction_weights(v) / basis.direction_norm(v) for d, v in dirs.items())
+        g = imir.expected_gradient(imir.theory_model(layout, 2, 1, coords=theta), task)
+        inside = basis.project(g)
+        on = sum(basis.direction_value(g, v) ** 2 for v in dirs.values())
+        total = sum(w.pow(2).sum().item() for w in inside.values())
+        assert share == pytest.approx(1 - on / total, abs=1e-9)
+    assert 0 < exact["share_outside"].iloc[0] < 1 and 0 < exact["share_outside"].iloc[1] < 1
+    sampled = im.share_outside_directions(MetricsRun(frame), task, n_points=2, n_grad=4000)
+    assert np.allclose(sampled["share_outside"], exact["share_outside"], atol=0.05)
+
+
+def test_the_suppression_law_at_a_point_of_the_trajectory():
+    """At zero weights alpha's and beta's components are exactly 0 (their ratios NaN); at a point with
+    alpha, beta, gamma non-zero every direction gets gradient; all-rare queries never meet the
+    in-weights circuit, so every component's ratio is exactly 1 there too."""
+    point = {"alpha": 0.5, "beta": 1.0, "gamma": 2.0}
+    per0, _ = im.type_gradients(8, 8, 2, 64, seed=0, loss="mse")
+    per1, _ = im.type_gradients(8, 8, 2, 64, seed=0, loss="mse", point=point)
+    assert (per0[("non-canonical", "delta = 0")][:2] == 0).all() and per0[("non-canonical", "delta = 0")][2] != 0
+    assert (per1[("non-canonical", "delta = 0")].abs() > 1e-6).all()
+    law = im.suppression_law([(1.0, 0.0), (0.3, 0.5)], [0], 8, 8, 2, 64, "mse", points=[None, point])
+    zero, at = law[law.point == 0], law[law.point == 1]
+    assert zero[["measured_alpha", "measured_beta"]].isna().all().all() and zero["measured_gamma"].notna().all()
+    assert at.iloc[0][["measured_alpha", "measured_beta", "measured_gamma"]].tolist() == pytest.approx([1.0] * 3)
+    assert (at["at_beta"] == 1.0).all() and (zero["at_beta"] == 0.0).all()
+    errors = im.per_direction_errors(law).set_index("direction")
+    assert not np.isnan(errors.loc["alpha", "median"]), "zero-weight rows left out, the point's kept"
+    assert errors.loc["alpha", "median"] == pytest.approx(np.median(im.relative_error(
+        at["measured_alpha"], at["theory"])))
+
+
+def test_trajectory_points_and_per_direction_summaries():
+    frame = pd.DataFrame([{"member": m, "step": s, "alpha": 0.1 * s, "beta": 0.2 * s, "gamma": s, "delta": -s}
+                          for m in (0, 1) for s in (0, 10, 20, 30, 40)])
+    pts = im.trajectory_points(frame, 1, [0.5, 1.0], until=38.0)  # nearest evaluations to 19 and 38
+    assert [p["step"] for p in pts] == [20, 40] and pts[0]["beta"] == pytest.approx(4.0)
+    assert [p["step"] for p in im.trajectory_points(frame, 0, [0.25], until=float("nan"))] == [10]
+    assert [p["step"] for p in im.trajectory_points(frame, 0, [0.0, 0.5, 0.52, 1.0])] == [20, 40], \
+        "step 0 (alpha, beta zero) left out, each step once"
+    assert im.trajectory_points(frame, 0, [0.0], nonzero=())[0]["step"] == 0
+    with pytest.raises(ValueError, match="member 5"):
+        im.trajectory_points(frame, 5, [0.5])
+    law = pd.DataFrame({"seed": 0, "theory": [0.5, 0.5, 1.0], "measured_alpha": [0.55, 0.45, np.nan],
+                        "measured_beta": [0.5, 0.75, 1.0], "measured_gamma": [0.5, 0.5, 1.0]})
+    err = im.per_direction_errors(law).set_index("direction")
+    assert err.loc["alpha", "median"] == pytest.approx(0.1) and err.loc["alpha", "max"] == pytest.approx(0.1)
+    assert err.loc["beta", "max"] == pytest.approx(0.5) and err.loc["gamma", "max"] == 0
+    pts = pd.DataFrame([{"seed": 0, "point": 0, "b": b, "g_alpha": 2 * b, "g_beta": -3 * b, "g_gamma": 1.0}
+                        for b in (1, 2, 3)])
+    r2 = im.per_direction_r2(pts).set_index("direction")["r2"]
+    assert r2["alpha"] == pytest.approx(1.0) and r2["beta"] == pytest.approx(1.0) and np.isnan(r2["gamma"])
+
+
+def test_burstiness_at_points_starts_where_the_step_zero_gradient_is(runs_dir):
+    """The point at fraction 0 is step 0 (zero weights): its gradient norm for each b is the one
+    burstiness_table measured there, with the same sequences."""
+    run, members = im.train_burstiness_sweep(8, 4, [1, 2], [0], steps=6, lr=1.0, batch=16, eval_every=3,
+                                             pool_size=32, name="test/im4")
+    table = im.burstiness_table(run, members, 8, 4, 64, 0.5, loss="mse")
+    pts = im.burstiness_at_points(run, members, table, 8, 4, 64, [0.0, 1.0], loss="mse", nonzero=())
+    assert sorted(pts["point"].unique()) == [0, 1] and set(pts["b"]) == {1, 2}
+    start = pts[pts.point == 0].set_index("b")
+    norms = np.sqrt((start[["g_alpha", "g_beta", "g_gamma"]] ** 2).sum(axis=1))
+    assert np.allclose(norms.to_numpy(), table.set_index("b").loc[[1, 2], "icl_gradient"].to_numpy(), rtol=1e-6)
+    assert (pts[pts.point == 1]["step"] == 6).all(), "never emerged: the last step"
+
+
+def test_random_chain_rate_is_the_hypergeometric_chance():
+    """One complete chain (4 coordinates) among 12 that cannot make another: a random subset of k
+    contains it with probability C(8, k - 4) / C(12, k); all 12 always do, 3 never."""
+    chain = ["L1H0|emb|emb|pos1", "L2H0|emb|L1H0|I", "L3H0|L2H0|L1H0|I", "U|L3H0|I"]
+    fillers = ["L1H0|emb|emb|pos0", "L1H0|emb|emb|pos2", "L2H0|emb|emb|I", "L2H0|emb|emb|C", "U|emb|I", "U|emb|C",
+               "U|L1H0|I", "U|L2H0|C"]
+    names = chain + fillers
+    assert im.random_chain_rate(names, 12, draws=50) == 1.0 and im.random_chain_rate(names, 3, draws=50) == 0.0
+    expected = math.comb(8, 2) / math.comb(12, 6)
+    assert im.random_chain_rate(names, 6, draws=4000, seed=1) == pytest.approx(expected, abs=0.015)
+    with pytest.raises(ValueError, match="size=13"):
+        im.random_chain_rate(names, 13)

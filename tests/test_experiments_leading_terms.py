@@ -81,9 +81,36 @@ def test_ablation_removes_one_projection_at_a_time_and_restores_the_weights():
     assert table.loc[table.removed == "none", "loss"].iloc[0] == pytest.approx(el.mean_loss(model, x, y))
     undone = el.undone_fractions(table, math.log(8))
     assert undone.loc[undone.removed == "W_O", "undone"].iloc[0] == pytest.approx(1.0)
+
+
+def test_baseline_table_known_answers():
+    """Only W_O is non-zero and equals 10 B: its leading-term removal gives the uniform output
+    (undone 1); with the true statistics passed as the 'shuffled' ones that column repeats it; the
+    same-size change in B's span gives the loss of W_O - 10 ||B|| R (computed here by hand); zero
+    weights (V, W) change nothing under any of the three."""
+    x, y = batch(V=8, T=5, N=30)
+    stats = lt.leading_stats(x, y, 8)
+    model = OneHotConfig(8, 5, 2).build().double()
+    with torch.no_grad():
+        model.weights()["W_O"].copy_(10 * stats.B)
+    before = {k: v.detach().clone() for k, v in model.weights().items()}
+    table = el.baseline_table(model, stats, stats, x, y, math.log(8), share=0.9, seed=3).set_index("weight")
+    assert all(torch.equal(before[k], v) for k, v in model.weights().items()), "weights restored"
+    assert table.loc["W_O", "leading term"] == pytest.approx(1.0)
+    assert table.loc["W_O", "shuffled-corpus leading term"] == pytest.approx(1.0)
+    R = lt.random_in_span(stats.B, 0.9, seed=lt_seed("W_O", 3))
+    W = 10 * stats.B - 10 * stats.B.norm() * R
+    loss = float(-(W[x]).log_softmax(-1).gather(-1, y[..., None]).mean())
     base = el.mean_loss(model, x, y)
-    rnd = el.random_direction_undone(model, "W_O", x, y, base, math.log(8))
-    assert abs(rnd) < 0.2 and all(torch.equal(before[k], v) for k, v in model.weights().items())
+    assert table.loc["W_O", "same-size change in its span"] == pytest.approx((loss - base) / (math.log(8) - base))
+    assert (table.drop("W_O")[["leading term", "same-size change in its span"]].abs() < 1e-12).all().all()
+    assert table.loc["W_O", "cosine with leading term"] == pytest.approx(1.0)
+
+
+def lt_seed(name, seed):
+    from circuitbook.tasks.base import derive_seed
+
+    return derive_seed("span-baseline", name, seed)
 
 
 def test_mean_loss_of_a_zero_model_is_log_vocab():
@@ -219,3 +246,43 @@ def test_plot_cosines_draws_one_labelled_panel_per_weight_kind():
     assert titles == ["attention W", "value V", "positional P", "output W_O"]
     assert all(ax.get_ylabel() == "cosine with leading term" for ax in fig.axes)
     assert len(fig.axes[0].get_lines()) >= 2  # two layers of W (+ the 0.9 line)
+
+
+def test_cosine_evaluator_is_float64_and_never_above_one():
+    """Planted cosines on a large float32 weight: the callback computes in float64, so a weight equal
+    to its (float32-rounded) leading term gives a cosine within 1e-7 of 1 and never above it, and a
+    weight at a planted angle gives cos(angle) to float32 rounding of the weight (1e-7)."""
+    V = 300
+    x, y = batch(V=V, T=6, N=400)
+    stats = lt.leading_stats(x, y, V)
+    ens = Ensemble(OneHotConfig(V, 6, 1), seeds=(0, 1, 2))
+    B = stats.B / stats.B.norm()
+    noise = torch.randn(V, V, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    noise -= (noise * B).sum() * B  # orthogonal to B
+    noise /= noise.norm()
+    angle = 0.3
+    with torch.no_grad():
+        ens.params["unembed.W_U"][0] = (1e3 * B).float()
+        ens.params["unembed.W_U"][1] = (1e-3 * B).float()
+        ens.params["unembed.W_U"][2] = (math.cos(angle) * B + math.sin(angle) * noise).float()
+    cos = el.CosineEvaluator(stats)(ens, 1)["cos_W_O"]
+    assert cos.dtype == torch.float64
+    assert 1 - 1e-7 < cos[0] <= 1 and 1 - 1e-7 < cos[1] <= 1
+    assert float(cos[2]) == pytest.approx(math.cos(angle), abs=1e-7)
+
+
+def test_matrix_summary_names_the_matrices_that_fail():
+    """Planted curves for three matrices at lr 0.5 (and a decoy at another lr): W1 ends at 0.6, V0
+    at exactly 0.7 (not above it), W_O at 0.95; V0 first drops below 0.9 after s*eta = 1."""
+    curves = {("W1", "W", 1): (1.0, 0.95, 0.92, 0.6), ("V0", "V", 0): (1.0, 0.91, 0.85, 0.7),
+              ("W_O", "W_O", -1): (1.0, 0.99, 0.97, 0.95)}
+    rows = [{"lr": 0.5, "step": s, "s_eta": 0.5 * s, "weight": w, "kind": k, "layer": l, "cosine": c}
+            for (w, k, l), cs in curves.items() for s, c in zip((1, 2, 3, 4), cs)]
+    rows.append({"lr": 0.1, "step": 4, "s_eta": 0.4, "weight": "W_O", "kind": "W_O", "layer": -1, "cosine": 0.1})
+    table = el.matrix_summary(pd.DataFrame(rows), 0.5)
+    assert list(table["weight"]) == ["W1", "V0", "W_O"], "ordered by kind (W, V, W_O), then layer"
+    assert list(table["final"]) == [0.6, 0.7, 0.95]
+    assert list(table["ends_below"]) == [True, True, False]
+    assert list(table["s_eta_above_0.9"]) == [1.5, 1.0, 2.0]
+    assert el.names_or_none(table.loc[table.ends_below, "weight"]) == "W1, V0"
+    assert el.names_or_none([]) == "none"

@@ -10,4 +10,5 @@
 - `leading_terms`: corpus statistics B, Sigma_B, Phi, Q, the leading-term predictions after s SGD steps,
   matrix cosines and leading-term removal
 - `representations`: paired cosines against a mismatched baseline, ridge probes
+- `subspace`: the share of a noisy vector in nested subspaces, unbiased from two independent estimates
 """

@@ -192,12 +192,12 @@ def kind_of(name: str) -> str:
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """tr(A^T B) / (||A||_F ||B||_F); NaN when either is zero."""
+    """tr(A^T B) / (||A||_F ||B||_F) in float64, clipped to [-1, 1] (rounding); NaN when either is zero."""
     a, b = a.double().reshape(-1), b.double().reshape(-1)
     na, nb = a.norm(), b.norm()
     if na == 0 or nb == 0:
         return float("nan")
-    return float(a @ b / (na * nb))
+    return max(-1.0, min(1.0, float(a @ b / (na * nb))))
 
 
 def cosines_to_leading_terms(weights: dict[str, torch.Tensor], stats: LeadingStats) -> dict[str, float]:
@@ -212,6 +212,60 @@ def remove_projection(weight: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
     if denom == 0:
         raise ValueError("remove_projection: the leading term is zero")
     return weight - (weight * t).sum() / denom * t
+
+
+# ---------------------------------------------------------------- baselines of a removal
+# Removing the projection on a random direction of R^(|V| x |V|) takes away about 1/|V|^2 of a
+# weight: it undoes nothing by construction. Two baselines that can undo something:
+#   the leading term of a shuffled corpus: the same tokens in random order (same frequencies, no
+#       sequence structure); its B is P(j) (P(k) - 1/|V|), the frequency part of the real B;
+#   a same-size random change in the leading term's span: subtract, instead of the projection,
+#       a random matrix of the projection's norm inside the span of the leading term's top
+#       singular vectors (the subspace where the weight's leading-term part lives).
+
+def shuffled_corpus(inputs: torch.Tensor, targets: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of the same samples with all their tokens permuted at random across the
+    batch: the token frequencies stay, the order goes. targets must be inputs shifted by one."""
+    if inputs.dim() != 2 or inputs.shape != targets.shape or not torch.equal(inputs[:, 1:], targets[:, :-1]):
+        raise ValueError("shuffled_corpus: targets must be the inputs shifted by one position ([N, T] each, "
+                         "targets[:, :-1] == inputs[:, 1:]), as the samples of a corpus are")
+    seqs = torch.cat([inputs[:, :1], targets], 1)
+    gen = torch.Generator().manual_seed(int(seed))
+    flat = seqs.reshape(-1)[torch.randperm(seqs.numel(), generator=gen)].reshape(seqs.shape)
+    return flat[:, :-1].contiguous(), flat[:, 1:].contiguous()
+
+
+def top_singular_subspace(term: torch.Tensor, share: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
+    """(U_r, V_r): the left and right singular vectors of the fewest top singular values of a matrix
+    that hold at least `share` of its squared Frobenius norm (float64)."""
+    if not 0 < share <= 1:
+        raise ValueError(f"top_singular_subspace: share={share}; expected 0 < share <= 1")
+    if term.dim() != 2:
+        raise ValueError(f"top_singular_subspace: expected a matrix, got shape {tuple(term.shape)}")
+    U, S, Vh = torch.linalg.svd(term.double(), full_matrices=False)
+    energy = (S ** 2).cumsum(0) / (S ** 2).sum()
+    r = int((energy < share - 1e-12).sum()) + 1
+    return U[:, :r], Vh[:r].T
+
+
+def random_in_span(term: torch.Tensor, share: float = 0.9, seed: int = 0) -> torch.Tensor:
+    """A random unit-norm matrix U_r G V_r^T (G standard normal) in the span of the term's top
+    singular vectors (`top_singular_subspace`)."""
+    U, V = top_singular_subspace(term, share)
+    gen = torch.Generator().manual_seed(int(seed))
+    G = torch.randn(U.shape[1], V.shape[1], generator=gen, dtype=torch.float64)
+    R = U @ G @ V.T
+    return R / R.norm()
+
+
+def perturb_like_removal(weight: torch.Tensor, term: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+    """weight minus `direction` scaled to the norm of weight's projection on `term`: a change of the
+    same size as `remove_projection(weight, term)`, in another direction."""
+    t, d = term.double(), direction.double()
+    size = (weight.double() * t).sum().abs() / t.norm()
+    if d.norm() == 0:
+        raise ValueError("perturb_like_removal: the direction is zero")
+    return weight - (size * d / d.norm()).to(weight.dtype)
 
 
 # ---------------------------------------------------------------- during training
@@ -234,13 +288,17 @@ class CosineEvaluator:
     """An evaluation callback: cos(weight, leading term) of every weight of every member.
 
     Logged as `cos_<weight>` (W_O, W0, V0, P0, ...). The leading-term directions are fixed (they
-    come from the first batch), so the curves need no checkpoint.
+    come from the first batch), so the curves need no checkpoint. The cosines are computed in
+    float64 from the (float32) weights: a float32 dot product over |V|^2 entries errs by about
+    1e-5, more than the fourth decimal where the paper's values differ (and it can exceed 1). In
+    float64 the error is about 1e-13; what remains above 1 (or below -1) is clipped, as
+    Cauchy-Schwarz says it must be.
     """
 
     def __init__(self, stats: LeadingStats):
-        self.directions = {kind: stats.direction(kind).float() for kind in WEIGHT_KINDS
+        self.directions = {kind: stats.direction(kind).double() for kind in WEIGHT_KINDS
                            if kind in ("W_O", "V") or stats.Q is not None}
-        h = hashlib.sha256()
+        h = hashlib.sha256(b"float64")
         for kind in sorted(self.directions):
             h.update(self.directions[kind].numpy().tobytes())
         self.digest = h.hexdigest()[:16]
@@ -252,11 +310,12 @@ class CosineEvaluator:
             name = weight_name(param)
             if name is None or kind_of(name) not in self.directions:
                 continue
-            d = self.directions[kind_of(name)].to(value.device)
-            flat = value.detach().float().flatten(1)  # [K, n]
-            dots = flat @ d.flatten()
+            d = self.directions[kind_of(name)].to(value.device).flatten()
+            flat = value.detach().double().flatten(1)  # [K, n]
+            dots = flat @ d
             norms = flat.norm(dim=1) * d.norm()
-            out[f"cos_{name}"] = torch.where(norms > 0, dots / norms.clamp(min=1e-30), torch.nan).cpu()
+            cos = (dots / norms.clamp(min=1e-300)).clamp(-1.0, 1.0)
+            out[f"cos_{name}"] = torch.where(norms > 0, cos, torch.nan).cpu()
         return out
 
     def spec(self) -> dict:

@@ -12,9 +12,10 @@ Two layers, IM-2..IM-4 (03)     `recall_task`, `Probe`, `train_restricted_and_fu
                                 `saturating_delta`, `train_suppression_sweep`, `suppression_table`,
                                 `train_burstiness_sweep`, `burstiness_table`, `train_standard`
 Initialisation, IM-5 (04)       `three_layer_directions`, `CIRCUITS`, `InitTable`, `init_design`,
-                                `train_init_ensemble`, `winners`, `logistic_fit`
+                                `train_init_ensemble`, `winners`, `logistic_fit`, `nested_fits`,
+                                `paired_gap`, `point_outcomes`, `boundary_sharpness`
 Circuit detection, IM-6 (05)    `train_two_hop`, `backward_elimination`, `aiding_split`, `circuit_graph`,
-                                `finds_two_hop_circuit`
+                                `finds_two_hop_circuit`, `random_chain_rate`
 
 Conventions: every training run goes through `circuitbook.train` (ensembles of seeds and sweeps);
 the loss is the library's last-position cross-entropy; "unit directions": an IMIRModel's phi and
@@ -32,7 +33,7 @@ import pandas as pd
 import torch
 
 from ..analysis import curves, imir
-from ..tasks.base import Batch, FixedDataset
+from ..tasks.base import Batch, FixedDataset, derive_seed
 from ..tasks.blocklist import KINDS, BlockListTask, rejection_rate, symmetry_test
 from ..train import Run, TrainConfig, _tensor_digest, default_device, train
 
@@ -285,16 +286,20 @@ class Probe:
 
 def train_restricted_and_full(task: BlockListTask, seeds: Sequence[int], steps: int, lr: float, batch: int,
                               eval_every: int, pool_size: int, name: str = "inductive_manifold/im2") -> dict[str, Run]:
-    """The 2-layer, 1-head theory model from zero init: restricted to (alpha, beta, gamma, delta)
-    and unrestricted (every W_QK and W_U entry), plain SGD, same batches."""
+    """The 2-layer, 1-head theory model from zero init, three ways, plain SGD on the same batches:
+    'restricted' to (alpha, beta, gamma, delta); 'full S', restricted to every coordinate of S (an
+    IMIRModel of the whole manifold: unrestricted training as Theorem 1 says it goes in expectation,
+    without the minibatch noise that leaves S); 'unrestricted', every W_QK and W_U entry."""
     layout = imir.Layout.from_task(task)
     basis = imir.IMIRBasis.concatenated(layout, 2, 1)
     dirs = imir.two_layer_directions(basis)
     probe = Probe(basis, dirs, recall_pools(task, pool_size))
     tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(seeds), lr=lr, optimizer="sgd", eval_every=eval_every,
                      log_checkpoints=8)
+    whole = imir.IMIRConfig(layout.token_classes, layout.association, layout.seq_len, n_layers=2)
     return {"restricted": train(f"{name}/restricted", imir.IMIRConfig.with_directions(layout, dirs), task, tc,
                                 evaluate=probe),
+            "full S": train(f"{name}/full_s", whole, task, tc, evaluate=probe),
             "unrestricted": train(f"{name}/unrestricted", imir.theory_config(layout, 2, 1), task, tc, evaluate=probe,
                                   init_fn=imir.TheoryInit(layout))}
 
@@ -310,6 +315,58 @@ def loss_gap(restricted: Run, unrestricted: Run, column: str = "loss_task", scal
         ref = scale if scale is not None else float(g["u"].iloc[0])
         rows.append({"seed": seed, "max_gap": float((g["r"] - g["u"]).abs().max() / ref),
                      "final_restricted": float(g["r"].iloc[-1]), "final_unrestricted": float(g["u"].iloc[-1])})
+    return pd.DataFrame(rows)
+
+
+WEIGHT_NAMES_2 = ("blocks.0.attn.W_QK", "blocks.1.attn.W_QK", "unembed.W_U")
+
+
+def _flat(weights: Mapping[str, torch.Tensor], names: Sequence[str] = WEIGHT_NAMES_2) -> torch.Tensor:
+    return torch.cat([weights[n].detach().double().reshape(-1) for n in names])
+
+
+def span_columns(basis: imir.IMIRBasis, directions: Mapping[str, Mapping[str, float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inner, outer): flattened weights of the named directions and of every basis element of S
+    (2-layer model), as columns for `analysis.subspace.share_outside`."""
+    eye = torch.eye(basis.n_coords, dtype=torch.float64)
+    outer = torch.stack([_flat(basis.weights(eye[i])) for i in range(basis.n_coords)], 1)
+    inner = torch.stack([_flat(basis.weights(basis.direction_weights(d))) for d in directions.values()], 1)
+    return inner, outer
+
+
+def share_outside_directions(run: Run, task: BlockListTask, n_points: int, n_grad: int | None,
+                             seed: int = 0) -> pd.DataFrame:
+    """Along each member's trajectory of a run restricted to (alpha, beta, gamma, delta): the share of
+    the in-S part of the expected gradient that lies outside the span of the four directions.
+
+    At `n_points` evaluated steps spread over the run the weights are rebuilt from the logged unit
+    coordinates, and the gradient of the unrestricted theory model there is estimated twice from
+    n_grad fresh sequences each; `analysis.subspace.share_outside` combines the two estimates so
+    that sampling noise does not inflate the share (n_grad None: the exact expected gradient of a
+    small task's enumerated distribution, used twice)."""
+    from ..analysis import subspace
+
+    layout = imir.Layout.from_task(task)
+    basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+    dirs = imir.two_layer_directions(basis)
+    inner, outer = span_columns(basis, dirs)
+    metrics = run.metrics()
+    rows = []
+    for member, g in metrics.groupby("member"):
+        g = g.sort_values("step").reset_index(drop=True)
+        picks = sorted(set(np.linspace(0, len(g) - 1, min(n_points, len(g))).round().astype(int)))
+        for i in picks:
+            r = g.iloc[i]
+            theta = sum(float(r[d]) * basis.direction_weights(v) / basis.direction_norm(v) for d, v in dirs.items())
+            model = imir.theory_model(layout, 2, 1, coords=theta)
+            if n_grad is None:
+                a = b = _flat(imir.expected_gradient(model, task))
+            else:
+                a, b = (_flat(imir.sampled_gradient(model, task, n_grad, seed=derive_seed("share", seed, int(r.step), h)))
+                        for h in (0, 1))
+            out = subspace.share_outside(a, b, inner, outer)
+            rows.append({"member": int(member), "seed": int(r.seed), "step": int(r.step), "acc_icl": float(r.acc_icl),
+                         **{d: float(r[d]) for d in dirs}, **out})
     return pd.DataFrame(rows)
 
 
@@ -454,20 +511,39 @@ def icl_gradient_vector(model: imir.IMIRModel, task: BlockListTask, n: int, seed
     return g[[model.direction_names.index(d) for d in icl]]
 
 
+ICL_DIRECTIONS = ("alpha", "beta", "gamma")
+
+
+def with_point(model: imir.IMIRModel, point: Mapping[str, float] | None) -> imir.IMIRModel:
+    """A copy of a restricted model with its in-context directions at `point` ({alpha, beta, gamma};
+    None: zero, the start of training). delta is left as it is."""
+    import copy
+
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for name in ICL_DIRECTIONS:
+            m.phi[m.direction_names.index(name)] = 0.0 if point is None else float(point[name])
+    return m
+
+
 def type_gradients(n_pairs: int, n_rare: int, n_blocks: int, n_grad: int, seed: int, loss: str,
-                   p_learned: float = 0.99) -> tuple[dict, float]:
-    """The in-context gradient of the 2-layer model at alpha = beta = gamma = 0, for each kind of queried
-    chain alone (rare, canonical, non-canonical), with delta = 0 and with delta learned (`learned_delta`):
-    {(kind, 'delta = 0' | 'delta learned'): gradient vector}, and the learned delta.
+                   p_learned: float = 0.99, point: Mapping[str, float] | None = None) -> tuple[dict, float]:
+    """The in-context gradient of the 2-layer model at alpha = beta = gamma = 0 (or at `point`), for each
+    kind of queried chain alone (rare, canonical, non-canonical), with delta = 0 and with delta learned
+    (`learned_delta`): {(kind, 'delta = 0' | 'delta learned'): gradient vector on (alpha, beta, gamma)},
+    and the learned delta.
 
     The expected gradient of any mixture (f_r, f_v) is the mixture of these with the exact weights
     (`type_weights`): sampling each kind separately removes the noise of a sample's random mix of kinds.
+    At zero weights only gamma receives gradient; at a point with alpha, beta, gamma non-zero every
+    in-context direction does.
     """
     base = recall_task(n_pairs, n_blocks, f_v=0.0, f_r=0.0, n_rare=n_rare)
     layout = imir.Layout.from_task(base)
     basis = imir.IMIRBasis.concatenated(layout, 2, 1)
     model = imir.IMIRConfig.with_directions(layout, imir.two_layer_directions(basis)).build(0).double()
     d = learned_delta(model, base, loss, p_learned)
+    model = with_point(model, point)
     out = {}
     for kind, (fr, fv) in QUERY_TYPES.items():
         task = base.with_knobs(f_r=fr, f_v=fv)
@@ -477,18 +553,77 @@ def type_gradients(n_pairs: int, n_rare: int, n_blocks: int, n_grad: int, seed: 
 
 
 def suppression_law(grid: Sequence[tuple[float, float]], seeds: Sequence[int], n_pairs: int, n_rare: int,
-                    n_blocks: int, n_grad: int, loss: str, p_learned: float = 0.99) -> pd.DataFrame:
-    """Theorem 2 at the start of in-context learning: for each (f_r, f_v) and sample seed, the norm of the
-    expected in-context gradient with delta learned over the same with delta = 0 (no in-weights circuit),
-    each expectation the exact mixture of the per-kind gradients of `type_gradients`."""
+                    n_blocks: int, n_grad: int, loss: str, p_learned: float = 0.99,
+                    points: Sequence[Mapping[str, float] | None] = (None,)) -> pd.DataFrame:
+    """Theorem 2: for each in-context point (None: zero weights, the start of in-context learning), each
+    (f_r, f_v) and sample seed, the expected in-context gradient with delta learned over the same with
+    delta = 0 (no in-weights circuit), each expectation the exact mixture of the per-kind gradients of
+    `type_gradients`: the ratio of the norms ('measured') and, per direction d, the ratio of the
+    components ('measured_<d>'; NaN where the component is exactly zero, as alpha's and beta's are at
+    zero weights)."""
     rows = []
-    for seed in seeds:
-        per_kind, d = type_gradients(n_pairs, n_rare, n_blocks, n_grad, seed, loss, p_learned)
-        for fr, fv in grid:
-            w = type_weights(fr, fv)
-            g = {state: sum(w[k] * per_kind[(k, state)] for k in QUERY_TYPES) for state in ("delta = 0", "delta learned")}
-            rows.append({"f_r": fr, "f_v": fv, "seed": seed, "loss": loss, "theory": float(theory_factor(fr, fv)),
-                         "measured": float(g["delta learned"].norm() / g["delta = 0"].norm()), "delta_learned": d})
+    for p, point in enumerate(points):
+        at = {name: 0.0 if point is None else float(point[name]) for name in ICL_DIRECTIONS}
+        for seed in seeds:
+            per_kind, d = type_gradients(n_pairs, n_rare, n_blocks, n_grad, seed, loss, p_learned, point)
+            for fr, fv in grid:
+                w = type_weights(fr, fv)
+                g = {state: sum(w[k] * per_kind[(k, state)] for k in QUERY_TYPES)
+                     for state in ("delta = 0", "delta learned")}
+                per_direction = {f"measured_{name}": float(g["delta learned"][i] / g["delta = 0"][i])
+                                 if g["delta = 0"][i] != 0 else float("nan") for i, name in enumerate(ICL_DIRECTIONS)}
+                rows.append({"point": p, **{f"at_{k}": v for k, v in at.items()}, "f_r": fr, "f_v": fv, "seed": seed,
+                             "loss": loss, "theory": float(theory_factor(fr, fv)),
+                             "measured": float(g["delta learned"].norm() / g["delta = 0"].norm()),
+                             **per_direction, "delta_learned": d})
+    return pd.DataFrame(rows)
+
+
+def train_icl_trajectory(n_pairs: int, n_rare: int, n_blocks: int, seed: int, steps: int, lr: float, batch: int,
+                         eval_every: int, pool_size: int, name: str = "inductive_manifold/im3_trajectory") -> Run:
+    """The restricted 2-layer model from zero on the pure in-context version of a recall task (every
+    query non-canonical: f_v = 1, f_r = 0): its logged (alpha, beta, gamma) are the points along the
+    trajectory where the gradient laws are measured beyond zero weights."""
+    task = recall_task(n_pairs, n_blocks, f_v=1.0, f_r=0.0, n_rare=n_rare)
+    layout = imir.Layout.from_task(task)
+    basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+    dirs = imir.two_layer_directions(basis)
+    probe = Probe(basis, dirs, {"icl": recall_pools(task, pool_size)["icl"]})
+    tc = TrainConfig(steps=steps, batch_size=batch, seeds=(seed,), lr=lr, optimizer="sgd", eval_every=eval_every,
+                     log_checkpoints=0)
+    return train(name, imir.IMIRConfig.with_directions(layout, dirs), task, tc, evaluate=probe)
+
+
+def trajectory_points(metrics: pd.DataFrame, member: int, fractions: Sequence[float], until: float | None = None,
+                      nonzero: Sequence[str] = ("alpha", "beta")) -> list[dict]:
+    """The logged (step, alpha, beta, gamma, delta) of one member at the evaluations nearest to
+    fraction * until for each fraction (until: a step such as the emergence step; None or NaN: the
+    last evaluated step), each step once, leaving out points where a direction of `nonzero` is still
+    exactly zero (the start of training)."""
+    g = metrics[metrics["member"] == member].sort_values("step")
+    if g.empty:
+        raise ValueError(f"trajectory_points: no metrics for member {member}")
+    end = float(g["step"].max()) if until is None or not np.isfinite(until) else float(until)
+    out, seen = [], set()
+    for f in fractions:
+        r = g.iloc[int(np.abs(g["step"].to_numpy() - f * end).argmin())]
+        if int(r["step"]) in seen or any(float(r[d]) == 0 for d in nonzero):
+            continue
+        seen.add(int(r["step"]))
+        out.append({"step": int(r["step"]), **{d: float(r[d]) for d in (*ICL_DIRECTIONS, "delta")}})
+    return out
+
+
+def per_direction_errors(law: pd.DataFrame) -> pd.DataFrame:
+    """Per seed and in-context direction: the median and the largest |measured_d / theory - 1| over
+    the grid and the points of a `suppression_law` frame (rows where the component is zero left out)."""
+    rows = []
+    for seed, g in law.groupby("seed"):
+        for d in ICL_DIRECTIONS:
+            err = relative_error(g[f"measured_{d}"], g["theory"])
+            err = err[np.isfinite(err)]
+            rows.append({"seed": seed, "direction": d, "median": float(np.median(err)) if len(err) else float("nan"),
+                         "max": float(err.max()) if len(err) else float("nan")})
     return pd.DataFrame(rows)
 
 
@@ -541,6 +676,45 @@ def burstiness_table(run: Run, members: Sequence[tuple], n_pairs: int, n_blocks:
         model = run.model(k, 0).double()
         rows.append({"b": b, "seed": seed, "icl_gradient": icl_gradient(model, task, n_grad, seed=k, loss=loss),
                      "emergence_step": float(cross.get(k, np.nan))})
+    return pd.DataFrame(rows)
+
+
+def burstiness_at_points(run: Run, members: Sequence[tuple], table: pd.DataFrame, n_pairs: int, n_blocks: int,
+                         n_grad: int, fractions: Sequence[float], f_v: float = 1.0, loss: str = "ce",
+                         nonzero: Sequence[str] = ("alpha", "beta")) -> pd.DataFrame:
+    """Theorem 3 beyond zero weights: per seed, points of the trajectory of its smallest-b member (at
+    `fractions` of that member's emergence step, `table` from `burstiness_table`; of its last step if
+    it never emerged; `trajectory_points`, which leaves out points where `nonzero` directions are
+    zero), and at each point the in-context gradient on alpha, beta and gamma for every b (the same
+    weights for every b; the same sample seed per b as at step 0)."""
+    metrics = run.metrics()
+    lowest = min(b for (b,), _, _ in members)
+    rows = []
+    for seed in sorted({s for _, s, _ in members}):
+        k0 = next(k for k, ((b,), s, _) in enumerate(members) if b == lowest and s == seed)
+        until = table.loc[(table.b == lowest) & (table.seed == seed), "emergence_step"].iloc[0]
+        model = run.model(k0, 0).double()
+        for p, point in enumerate(trajectory_points(metrics, k0, fractions, until, nonzero)):
+            at = with_direction(with_point(model, point), "delta", point["delta"])
+            for k, ((b,), s, _) in enumerate(members):
+                if s != seed:
+                    continue
+                task = recall_task(n_pairs, n_blocks, f_v=f_v, burstiness=b)
+                g = icl_gradient_vector(at, task, n_grad, seed=k, loss=loss)
+                rows.append({"seed": seed, "point": p, "step": point["step"],
+                             **{f"at_{d}": point[d] for d in ICL_DIRECTIONS}, "b": b,
+                             **{f"g_{d}": float(g[i]) for i, d in enumerate(ICL_DIRECTIONS)}})
+    columns = ["seed", "point", "step", *(f"at_{d}" for d in ICL_DIRECTIONS), "b", *(f"g_{d}" for d in ICL_DIRECTIONS)]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def per_direction_r2(points: pd.DataFrame) -> pd.DataFrame:
+    """Per seed, point and in-context direction: R^2 of the line through the origin of the gradient
+    component against b (`proportional_fit`) of a `burstiness_at_points` frame."""
+    rows = []
+    for (seed, p), g in points.groupby(["seed", "point"]):
+        for d in ICL_DIRECTIONS:
+            rows.append({"seed": seed, "point": p, "direction": d, "r2": proportional_fit(g["b"], g[f"g_{d}"])["r2"]})
     return pd.DataFrame(rows)
 
 
@@ -663,17 +837,30 @@ class InitTable:
             model.phi[model.direction_names.index(name)] = value
 
 
-def init_design(grid: Sequence[float], base: float, jitter: float, seed: int = 0) -> pd.DataFrame:
-    """Initial coordinates: alpha1(0) x alpha2(0) on `grid` x `grid`; every other direction at
-    base * exp(U(-jitter, jitter)), drawn per member (so the logistic fit can tell whether they matter)."""
+OTHER_DIRECTIONS = ("beta12", "beta13", "beta23", "gamma2", "gamma3")
+
+
+def init_design(grid: Sequence[float], base: float, jitter: float, seed: int = 0, slices: int = 1,
+                replicates: int = 1) -> pd.DataFrame:
+    """Initial coordinates: `slices` draws of the five directions other than alpha1 and alpha2 (each
+    base * exp(U(-jitter, jitter))), each crossed with alpha1(0) x alpha2(0) on `grid` x `grid`, each
+    initial point trained by `replicates` members that differ only in their data (member seed).
+
+    A slice is a clean 2-d section of initialisation space (its phase diagram has boundaries one can
+    measure); the slices make the other five coordinates vary (so the nested fits can tell whether
+    they matter); the replicates tell whether the initialisation or the data picks the winner."""
+    if slices < 1 or replicates < 1:
+        raise ValueError(f"init_design: slices={slices}, replicates={replicates}; both must be >= 1")
     rng = np.random.default_rng(seed)
     rows = []
-    for a1 in grid:
+    for sl in range(slices):
+        others = {d: float(base * math.exp(rng.uniform(-jitter, jitter))) for d in OTHER_DIRECTIONS}
         for a2 in grid:
-            row = {"alpha1": float(a1), "alpha2": float(a2)}
-            for d in ("beta12", "beta13", "beta23", "gamma2", "gamma3"):
-                row[d] = float(base * math.exp(rng.uniform(-jitter, jitter)))
-            rows.append(row)
+            for a1 in grid:
+                point = len(rows) // replicates
+                for r in range(replicates):
+                    rows.append({"point": point, "slice": sl, "replicate": r, "alpha1": float(a1), "alpha2": float(a2),
+                                 **others})
     df = pd.DataFrame(rows)
     df.insert(0, "member_seed", np.arange(len(df)))
     return df
@@ -781,27 +968,100 @@ def _softmax_regression(X: np.ndarray, y: np.ndarray, n_classes: int, l2: float)
 
 
 def logistic_fit(features: np.ndarray, labels: Sequence[str], folds: int = 5, l2: float = 1e-3,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, groups: Sequence | None = None) -> dict:
     """Multinomial logistic regression of `labels` on standardised `features`: k-fold cross-validated
-    accuracy, and the in-sample accuracy of the fit on all points."""
+    accuracy (and each sample's held-out correctness, `cv_correct`), and the in-sample accuracy of the
+    fit on all points. groups: samples of one group (e.g. replicates of one initial point) always
+    share a fold, so a fold never tests on a copy of what it trained on."""
     X = np.asarray(features, float)
     X = (X - X.mean(0)) / np.where(X.std(0) > 0, X.std(0), 1.0)
     classes = sorted(set(labels))
     y = np.array([classes.index(c) for c in labels])
     if len(classes) < 2:
-        return {"cv_accuracy": 1.0, "train_accuracy": 1.0, "classes": classes}
+        return {"cv_accuracy": 1.0, "train_accuracy": 1.0, "classes": classes, "cv_correct": np.ones(len(y), bool)}
+    ids = np.arange(len(y)) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(y))
-    correct = 0
+    fold_of = np.empty(ids.max() + 1, int)
+    fold_of[rng.permutation(ids.max() + 1)] = np.arange(ids.max() + 1) % folds
+    correct = np.zeros(len(y), bool)
     for f in range(folds):
-        test = order[f::folds]
-        train_idx = np.setdiff1d(order, test)
+        test = np.flatnonzero(fold_of[ids] == f)
+        train_idx = np.flatnonzero(fold_of[ids] != f)
+        if len(test) == 0:
+            continue
         W = _softmax_regression(X[train_idx], y[train_idx], len(classes), l2)
-        pred = (np.hstack([X[test], np.ones((len(test), 1))]) @ W).argmax(1)
-        correct += int((pred == y[test]).sum())
+        correct[test] = (np.hstack([X[test], np.ones((len(test), 1))]) @ W).argmax(1) == y[test]
     W = _softmax_regression(X, y, len(classes), l2)
     train_acc = float(((np.hstack([X, np.ones((len(y), 1))]) @ W).argmax(1) == y).mean())
-    return {"cv_accuracy": correct / len(y), "train_accuracy": train_acc, "classes": classes}
+    return {"cv_accuracy": float(correct.mean()), "train_accuracy": train_acc, "classes": classes,
+            "cv_correct": correct}
+
+
+def paired_gap(correct_a: np.ndarray, correct_b: np.ndarray, groups: Sequence | None = None) -> dict:
+    """The accuracy gap mean(b) - mean(a) of two predictors scored on the same samples, and its
+    standard error from the per-sample differences (cluster-robust over `groups`, whose samples are
+    not independent; with one sample per group it is sd(d) / sqrt(n))."""
+    d = np.asarray(correct_b, float) - np.asarray(correct_a, float)
+    if d.ndim != 1 or len(d) < 2:
+        raise ValueError(f"paired_gap: needs at least two paired samples, got {d.shape}")
+    ids = np.arange(len(d)) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
+    G = ids.max() + 1
+    if G < 2:
+        raise ValueError("paired_gap: needs at least two groups")
+    sums = np.bincount(ids, weights=d - d.mean(), minlength=G)
+    return {"gap": float(d.mean()), "se": float(np.sqrt((sums ** 2).sum() * G / (G - 1)) / len(d))}
+
+
+def nested_fits(decided: pd.DataFrame, folds: int = 5, seed: int = 0) -> dict:
+    """Two nested multinomial logistic fits of the winner (one class of model, the second with more
+    features): on each circuit's own initial size (log ||(alpha, beta, gamma)(0)||, three features),
+    and on those plus all seven initial coordinates. Folds keep the replicates of an initial point
+    together. Returns both cross-validated accuracies and the gap with its standard error."""
+    own = own_sizes(decided).to_numpy()
+    coords = decided[list(CIRCUIT_DIRECTIONS)].to_numpy()
+    labels, groups = list(decided["winner"]), decided["point"].to_numpy()
+    a = logistic_fit(own, labels, folds, seed=seed, groups=groups)
+    b = logistic_fit(np.hstack([own, coords]), labels, folds, seed=seed, groups=groups)
+    gap = paired_gap(a["cv_correct"], b["cv_correct"], groups)
+    return {"own_size_acc": a["cv_accuracy"], "nested_acc": b["cv_accuracy"], "gap": gap["gap"], "gap_se": gap["se"],
+            "own_size_train_acc": a["train_accuracy"], "nested_train_acc": b["train_accuracy"]}
+
+
+def point_outcomes(wins: pd.DataFrame) -> pd.DataFrame:
+    """Per initial point of a replicated design: its slice and grid position, the winner when every
+    replicate has the same single winner ('decided'), else 'undecided' (replicates disagree, or one is
+    mixed or none)."""
+    rows = []
+    for point, g in wins.groupby("point"):
+        w = set(g["winner"])
+        single = len(w) == 1 and not w & {"mixed", "none"}
+        rows.append({"point": point, "slice": int(g["slice"].iloc[0]), "alpha1": float(g["alpha1"].iloc[0]),
+                     "alpha2": float(g["alpha2"].iloc[0]), "outcome": next(iter(w)) if single else "undecided",
+                     "replicates_agree": len(w) == 1})
+    return pd.DataFrame(rows)
+
+
+def boundary_sharpness(points: pd.DataFrame) -> dict:
+    """How sharp the phase boundaries are, on each slice's alpha1 x alpha2 grid: D / (D + U) with U the
+    undecided points and D the decided points next to (4-neighbour) a point of another outcome. A
+    boundary that falls between two neighbouring grid points, each decided, gives 1; a band of w
+    undecided points across it gives about 2 / (2 + w). NaN when no slice has a boundary."""
+    decided_at_boundary = undecided = 0
+    for _, g in points.groupby("slice"):
+        a1, a2 = sorted(g["alpha1"].unique()), sorted(g["alpha2"].unique())
+        grid = {(a1.index(r.alpha1), a2.index(r.alpha2)): r.outcome for r in g.itertuples()}
+        for (i, j), outcome in grid.items():
+            if outcome == "undecided":
+                undecided += 1
+                continue
+            near = [grid.get((i + di, j + dj)) for di, dj in ((1, 0), (-1, 0), (0, 1), (0, -1))]
+            decided_at_boundary += any(n is not None and n != outcome for n in near)
+    total = decided_at_boundary + undecided
+    return {"sharpness": decided_at_boundary / total if total else float("nan"),
+            "decided_at_boundary": decided_at_boundary, "undecided": undecided}
+
+
+CIRCUIT_DIRECTIONS = ("alpha1", "alpha2", *OTHER_DIRECTIONS)
 
 
 def own_sizes(design: pd.DataFrame) -> pd.DataFrame:
@@ -1007,6 +1267,19 @@ def finds_two_hop_circuit(names_alive: Sequence[str]) -> bool:
                 if any(heads(p) and heads(p)[-1] == c for _, p, _ in readout):
                     return True
     return False
+
+
+def random_chain_rate(names: Sequence[str], size: int, draws: int = 2000, seed: int = 0) -> float:
+    """The baseline of `finds_two_hop_circuit`: the share of `draws` random subsets of `size` of all
+    coordinate names that contain a complete 2-hop chain. If it is high, finding a chain among the
+    survivors says little about the elimination."""
+    names = list(names)
+    if not 0 <= size <= len(names):
+        raise ValueError(f"random_chain_rate: size={size} must be between 0 and the {len(names)} coordinates")
+    rng = np.random.default_rng(seed)
+    hits = sum(finds_two_hop_circuit([names[i] for i in rng.choice(len(names), size, replace=False)])
+               for _ in range(draws))
+    return hits / draws
 
 
 def circuit_graph(table: pd.DataFrame, n_layers: int):

@@ -13,9 +13,10 @@ Corpus and runs (all notebooks)
     `first_batch_stats`      B, Sigma_B, Phi, Q, q_pos of the first training batch (the paper's
                              theory takes its statistics from it).
 Training curves (notebook 02, LT-1, LT-2; notebook 04, LT-5)
-    `cosine_frame`, `min_cosines`, `s_eta_until_below`.
+    `cosine_frame`, `min_cosines`, `s_eta_until_below`, `matrix_summary` (per matrix: which fail).
 Ablation (notebook 03, LT-4)
-    `mean_loss`, `ablation_table`, `undone_fractions`.
+    `mean_loss`, `loss_with`, `ablation_table`, `undone_fractions`, `baseline_table` (the same
+    removal with the shuffled corpus's leading term, and a same-size change in the term's span).
 Basis maps (notebook 01, LT-3)
     `top_successors`, `context_lift`, `top_context_partners`, `neighbours`; the word lists
     `ADJECTIVES`, `NOUNS`, `SETTINGS`, `WORD_CLASSES` (the book's, hand-made for TinyStories, so
@@ -171,6 +172,35 @@ def s_eta_until_below(frame: pd.DataFrame, lr: float, level: float, kinds=("W_O"
     return float(before.index.max()) if not before.empty else 0.0
 
 
+def matrix_summary(frame: pd.DataFrame, lr: float, level: float = 0.7, band: float = 0.9,
+                   kinds=("W", "V", "W_O")) -> pd.DataFrame:
+    """One row per weight matrix of `kinds` for one lr: its cosine at the last evaluation, its lowest
+    cosine, the largest s * eta up to which it stays >= `band` (`s_eta_until_below` of that matrix
+    alone) and whether it ends at or below `level` (LT-2 asks every matrix to end above 0.7)."""
+    sub = frame[np.isclose(frame["lr"], lr) & frame["kind"].isin(kinds)]
+    rows = []
+    for name, g in sub.groupby("weight", sort=False):
+        g = g.sort_values("s_eta")
+        worst = g.set_index("s_eta")["cosine"]
+        below = worst[worst < band]
+        if below.empty:
+            until = float(worst.index.max())
+        else:
+            before = worst[worst.index < below.index[0]]
+            until = float(before.index.max()) if not before.empty else 0.0
+        final = float(g["cosine"].iloc[-1])
+        rows.append({"weight": name, "kind": g["kind"].iloc[0], "layer": int(g["layer"].iloc[0]), "final": final,
+                     "lowest": float(g["cosine"].min()), f"s_eta_above_{band:g}": until, "ends_below": final <= level})
+    rows.sort(key=lambda r: (list(kinds).index(r["kind"]), r["layer"]))
+    return pd.DataFrame(rows)
+
+
+def names_or_none(names) -> str:
+    """'W2, V0' or 'none': a list of weight names as a phrase for the scorecard row."""
+    names = list(names)
+    return ", ".join(names) if names else "none"
+
+
 # =============================================================================
 # Ablation (LT-4)
 # =============================================================================
@@ -186,24 +216,56 @@ def mean_loss(model: OneHotTransformer, inputs: torch.Tensor, targets: torch.Ten
     return total / count
 
 
+def loss_with(model: OneHotTransformer, name: str, weight: torch.Tensor, inputs: torch.Tensor,
+              targets: torch.Tensor) -> float:
+    """The mean loss with weight `name` replaced by `weight` (the model is restored afterwards)."""
+    w = model.weights()[name]
+    original = w.detach().clone()
+    with torch.no_grad():
+        w.copy_(weight)
+    try:
+        return mean_loss(model, inputs, targets)
+    finally:
+        with torch.no_grad():
+            w.copy_(original)
+
+
 def ablation_table(model: OneHotTransformer, stats: lt.LeadingStats, inputs: torch.Tensor,
                    targets: torch.Tensor) -> pd.DataFrame:
     """The loss with each weight's leading-term projection removed (one weight at a time)."""
-    weights = model.weights()
     rows = [{"removed": "none", "kind": "none", "layer": -1, "loss": mean_loss(model, inputs, targets)}]
-    for name, w in weights.items():
+    for name, w in model.weights().items():
         kind = lt.kind_of(name)
         if kind == "P":
             continue  # the paper ablates W, V and W_O
-        original = w.detach().clone()
-        with torch.no_grad():
-            w.copy_(lt.remove_projection(original, stats.direction(kind)))
-        try:
-            rows.append({"removed": name, "kind": kind, "layer": -1 if name == "W_O" else int(name[1:]),
-                         "loss": mean_loss(model, inputs, targets)})
-        finally:
-            with torch.no_grad():
-                w.copy_(original)
+        without = lt.remove_projection(w.detach(), stats.direction(kind))
+        rows.append({"removed": name, "kind": kind, "layer": -1 if name == "W_O" else int(name[1:]),
+                     "loss": loss_with(model, name, without, inputs, targets)})
+    return pd.DataFrame(rows)
+
+
+def baseline_table(model: OneHotTransformer, stats: lt.LeadingStats, shuffled: lt.LeadingStats,
+                   inputs: torch.Tensor, targets: torch.Tensor, initial_loss: float, share: float = 0.9,
+                   seed: int = 0) -> pd.DataFrame:
+    """Per weight (W, V, W_O): the share of the training gain undone by removing its leading-term
+    projection ('leading term'), by removing instead the projection on the leading term of the
+    shuffled corpus (`shuffled`: the same tokens in random order), and by a change of the removal's
+    size in a random direction of the leading term's top singular span (`lt.random_in_span`)."""
+    base = mean_loss(model, inputs, targets)
+    undone = lambda loss: (loss - base) / (initial_loss - base)
+    rows = []
+    for name, w in model.weights().items():
+        kind = lt.kind_of(name)
+        if kind == "P":
+            continue
+        w, term = w.detach(), stats.direction(kind)
+        direction = lt.random_in_span(term, share, seed=derive_seed("span-baseline", name, seed))
+        changed = {"leading term": lt.remove_projection(w, term),
+                   "shuffled-corpus leading term": lt.remove_projection(w, shuffled.direction(kind)),
+                   "same-size change in its span": lt.perturb_like_removal(w, term, direction)}
+        rows.append({"weight": name, "kind": kind, "cosine with leading term": lt.cosine(w, term),
+                     "cosine with shuffled leading term": lt.cosine(w, shuffled.direction(kind)),
+                     **{k: undone(loss_with(model, name, v, inputs, targets)) for k, v in changed.items()}})
     return pd.DataFrame(rows)
 
 
@@ -640,24 +702,6 @@ def activation_gib(batch: int, seq_len: int, vocab_size: int, n_layers: int, mem
     return (5 * n_layers + 3) * per * members / 2 ** 30
 
 
-def random_direction_undone(model: OneHotTransformer, name: str, inputs, targets, base_loss: float,
-                            initial_loss: float, seed: int = 0) -> float:
-    """The baseline of a removal: remove the projection of weight `name` on a random direction
-    instead of its leading term; the fraction of the training gain this undoes."""
-    w = model.weights()[name]
-    gen = torch.Generator().manual_seed(derive_seed("random-direction", name, seed))
-    direction = torch.randn(w.shape, generator=gen, dtype=torch.float64).to(w.dtype)
-    original = w.detach().clone()
-    with torch.no_grad():
-        w.copy_(lt.remove_projection(original, direction))
-    try:
-        loss = mean_loss(model, inputs, targets)
-    finally:
-        with torch.no_grad():
-            w.copy_(original)
-    return (loss - base_loss) / (initial_loss - base_loss)
-
-
 def embedding_summary(emb: pd.DataFrame, key: str = "embed") -> dict:
     """The checkpoint where the (un)embedding agrees best: its cosine, its baseline there
     (shuffled-token mean + 3 sd) and whether any checkpoint agrees (`agrees`)."""
@@ -676,9 +720,9 @@ def attention_summary(att: pd.DataFrame) -> pd.DataFrame:
 WEIGHT_TITLES = {"W": "attention W", "V": "value V", "P": "positional P", "W_O": "output W_O"}
 
 
-def plot_cosines(frame: pd.DataFrame, lr: float):
+def plot_cosines(frame: pd.DataFrame, lr: float, levels=(0.9,)):
     """One panel per weight kind (W, V, P, W_O), one line per layer: cosine with the leading term
-    against s * eta for one learning rate, a dotted line at 0.9. Returns the figure."""
+    against s * eta for one learning rate, a dotted line at each of `levels`. Returns the figure."""
     from .. import plotting
 
     sub = frame[np.isclose(frame["lr"], lr)].copy()
@@ -687,6 +731,7 @@ def plot_cosines(frame: pd.DataFrame, lr: float):
     for ax, kind in zip(axes.flat, ("W", "V", "P", "W_O")):
         plotting.curves(ax, sub[sub["kind"] == kind], x="s_eta", y="cosine", hue="layer", title=WEIGHT_TITLES[kind],
                         xlabel="$s\\eta$ (steps x learning rate)", ylabel="cosine with leading term")
-        ax.axhline(0.9, color="0.5", lw=0.8, ls=":")
+        for level in levels:
+            ax.axhline(level, color="0.5", lw=0.8, ls=":")
     fig.suptitle(f"learning rate {lr:g}")
     return fig
