@@ -9,7 +9,7 @@ from circuitbook.book import book_notebooks
 from circuitbook.cli import main
 from circuitbook.plan import TRAINING_CALLS, planned_runs
 from circuitbook.tasks.modular import ModularAddition
-from circuitbook.train import RunSpec, count_parameters, step_flops, TrainConfig
+from circuitbook.training import RunSpec, count_parameters, step_flops, TrainConfig
 import circuitbook as cb
 
 
