@@ -471,21 +471,6 @@ def _file_digest(path: Path) -> str:
     return _digests[key]
 
 
-def load_params(chapter: str, notebook: str, profile: str, **overrides) -> Params:
-    """Resolve and validate a notebook's parameters and make it the current context.
-
-    Called in each notebook right after its `parameters` cell; `record()` then
-    knows which chapter, notebook and profile its values belong to.
-    """
-    from . import context, plotting, settings
-
-    settings.check_environment()  # a kernel started by plain papermill checks them here
-    params = resolve(chapter, notebook, profile, overrides)
-    context.begin(params)
-    plotting.use_style()
-    return params
-
-
 def table(chapter: str, notebook: str | None = None) -> list[dict]:
     """Every parameter with its type, range, help and value per profile."""
     nbs = [notebook] if notebook else [None]
