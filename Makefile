@@ -2,13 +2,16 @@
 # make test                            set up .venv and headless Chromium, run every test
 # make check-site PROFILE=cpu          check a built book in headless Chromium, screenshots to _build/screenshots
 # make lock                            pin .venv's packages into requirements.lock
+# make device-pack                     the wheels a GPU machine without network needs, into .whl/ (scripts/device-run.sh)
+# make book PROFILE=full NO_EXECUTE=1  render imported results (circuitbook import-results) without executing anything
 PROFILE ?=
 PYTEST_ARGS ?=
+NO_EXECUTE ?=
 # The leading_terms chapter reads TinyStories from a local file: the book's sample in ../shared unless set.
 CIRCUITBOOK_TINYSTORIES ?= $(wildcard $(abspath ../shared/data/tinystories/tinystories_lower_4MB.txt))
 export CIRCUITBOOK_TINYSTORIES
 
-.PHONY: setup book test check-site clean lock
+.PHONY: setup book test check-site device-pack clean lock
 setup:
 	@bash scripts/setup.sh
 
@@ -18,7 +21,7 @@ lock:
 	@bash scripts/lock.sh
 
 book: setup
-	.venv/bin/circuitbook build $(if $(PROFILE),--profile $(PROFILE),)
+	.venv/bin/circuitbook build $(if $(PROFILE),--profile $(PROFILE),) $(if $(NO_EXECUTE),--no-execute,)
 
 test: setup
 	@bash scripts/setup-browser.sh
@@ -27,6 +30,9 @@ test: setup
 check-site:
 	@bash scripts/setup-browser.sh
 	.venv/bin/python scripts/check_site.py _build/$(or $(PROFILE),cpu)/html
+
+device-pack: setup
+	.venv/bin/python scripts/device_pack.py
 
 clean:
 	rm -rf _build

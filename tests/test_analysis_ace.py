@@ -316,3 +316,25 @@ def test_several_hooks_at_once_equal_one_at_a_time_on_a_bridge():
         assert torch.allclose(one.jacobians[0, 0], expected, atol=1e-5)
         assert torch.allclose(many[name].jacobians, one.jacobians, atol=1e-5)
         assert torch.allclose(many[name].activations, one.activations, atol=1e-6)
+
+
+def test_output_mode_share_is_the_energy_of_a_planted_common_mode():
+    """Raw logits = centred part (depends on x[:, 0]) + a common shift c * x[:, 1] added to every logit:
+    the common mode's share of tr(Cov Obs) is known in closed form."""
+    gen = torch.Generator().manual_seed(0)
+    n, n_out, c = 4000, 4, 0.1
+    H = torch.randn(n, 2, generator=gen, dtype=torch.float64) * torch.tensor([1.0, 2.0], dtype=torch.float64)
+    w = torch.tensor([1.0, -1.0, 2.0, -2.0], dtype=torch.float64)  # sums to 0: no common mode
+    J = torch.stack([torch.stack([w, torch.full((n_out,), c, dtype=torch.float64)], 1)] * n)  # [n, n_out, 2]
+    var = H.var(0)
+    expected = var[1] * n_out * c ** 2 / (var[0] * (w ** 2).sum() + var[1] * n_out * c ** 2)
+    share = ace.output_mode_share(H, J, torch.ones(n_out))
+    assert share == pytest.approx(float(expected), rel=1e-6)
+    # the sum of sigma^2 is tr(Cov Obs), and that mode is the core's second direction here
+    core = ace.extract_core(H, J, rank=2)
+    assert float(core.sigma[1] ** 2 / (core.sigma ** 2).sum()) == pytest.approx(share, rel=1e-3)
+    # every output direction together carries all of it; a direction orthogonal to both columns none
+    assert ace.output_mode_share(H, J, torch.eye(n_out)) == pytest.approx(1.0)
+    assert ace.output_mode_share(H, J, torch.tensor([1.0, 1.0, -1.0, -1.0])) == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="directions"):
+        ace.output_mode_share(H, J, torch.ones(3))

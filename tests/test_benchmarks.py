@@ -32,3 +32,13 @@ def test_step_benchmark_compares_equal_models(tmp_path):
     (result,) = report["results"]
     assert max(result["max_abs_logit_diff"].values()) < 1e-4
     assert result["ratio_toy_over_bridge"] > 0
+
+
+def test_gpu_benchmark_times_each_chapter_model_on_the_device_at_hand(tmp_path):
+    report = run_script("gpu.py", "--profile", "smoke", "--members", "2", "--matmul-size", "128", "--chapter",
+                        "algorithmic_cores", out=tmp_path / "gpu.json")
+    (result,) = report["results"]
+    assert result["run"] == "algorithmic_cores/markov" and result["flops_per_member_step"] > 0
+    (row,) = result["rows"]
+    assert row["members"] == 2 and row["speedup"] > 0 and 0 < row["peak_share"]
+    assert report["machine"]["matmul_peak_flops"]["fp32"] > 0

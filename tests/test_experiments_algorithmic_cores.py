@@ -244,14 +244,22 @@ def test_markov_pipeline_on_a_tiny_run(runs_dir):
                           markov_d_model=16, markov_n_heads=2, markov_d_mlp=32, markov_epochs=5, markov_batch=32,
                           markov_lr=3e-3, markov_seeds=[0, 100], markov_eval_sequences=20, markov_dropout=0.1,
                           energy_threshold=0.999)
-    for setup, norm, dropout, definition in (("paper", "postLN", 0.1, "paper"), ("book", "LN", 0.0, "book")):
+    for setup, norm, dropout, init, definition in (("paper", "postLN", 0.1, "pytorch", "paper"),
+                                                   ("normal_init", "postLN", 0.1, "normal", "paper"),
+                                                   ("book", "LN", 0.0, "normal", "book")):
         exp = ac.train_markov(cfg, setup)
         assert exp.train_config.steps == 10 and exp.run.n_members == 2
         assert (exp.model_config.normalization, exp.model_config.dropout) == (norm, dropout)
+        assert exp.model_config.init == init
         assert exp.definition.name == definition
         members = [ac.markov_member_analysis(exp, k, n_sequences=20) for k in range(2)]
         for m in members:
             assert m.core.rank >= 1 and m.coords.shape == (20, 11, m.core.rank)
+            assert 0 <= m.common_mode_share <= 1 and m.centred_rank >= 1
+            if norm == "postLN":  # an affine readout of 4 logits has 3 centred directions
+                assert m.centred_rank <= 3
+            if definition == "book":
+                assert m.common_mode_share == 0.0 and m.centred_rank == m.core.rank
             assert m.activations.shape == (220, 16) and 0 <= m.accuracy <= 1
             assert m.validation.definition == definition
         pairs = ac.markov_pairs(exp, members)
@@ -285,10 +293,23 @@ def test_random_baselines_have_their_known_means():
     signal = torch.randn(2000, 3, generator=gen, dtype=torch.float64)
     a = signal @ torch.randn(3, 10, generator=gen, dtype=torch.float64)
     b = signal @ torch.randn(3, 12, generator=gen, dtype=torch.float64)
-    top, mean = ac.random_projection_cca(a, b, 3, 3, n_draws=5)
-    assert top == pytest.approx(1.0, abs=1e-9) and mean == pytest.approx(1.0, abs=1e-9)
-    top, mean = ac.random_projection_cca(a, torch.randn(2000, 12, generator=gen, dtype=torch.float64), 3, 3)
-    assert top < 0.15
+    same = ac.random_projection_cca(a, b, 3, 3, n_draws=5)
+    assert all(v == pytest.approx(1.0, abs=1e-9) for v in same.values())
+    other = ac.random_projection_cca(a, torch.randn(2000, 12, generator=gen, dtype=torch.float64), 3, 3)
+    assert other["cca_top"] < 0.15 and other["cca_top3_min"] <= other["cca_top3_mean"] <= other["cca_top"]
+
+
+def test_cca_summary_reads_the_top_three_as_the_paper_does():
+    """Four directions of which three are shared (correlation ~1) and one is independent noise: the top-3
+    summary is ~1 while the mean over every direction is pulled to ~0.75 (the book-init Markov cores)."""
+    gen = torch.Generator().manual_seed(1)
+    shared = torch.randn(5000, 3, generator=gen, dtype=torch.float64)
+    X = torch.cat([shared, torch.randn(5000, 1, generator=gen, dtype=torch.float64)], 1)
+    Y = torch.cat([shared @ torch.randn(3, 3, generator=gen, dtype=torch.float64),
+                   torch.randn(5000, 1, generator=gen, dtype=torch.float64)], 1)
+    out = ac.cca_summary(ac.cca(X, Y))
+    assert out["cca_top"] == pytest.approx(1.0, abs=1e-9) and out["cca_top3_min"] == pytest.approx(1.0, abs=1e-9)
+    assert out["cca_mean"] == pytest.approx(0.75, abs=0.02)
 
 
 # ------------------------------------------------------------------ grokking helpers
@@ -306,15 +327,70 @@ def test_shift_operator_of_a_fourier_representation_is_a_rotation():
     assert ac.unit_circle_deviation(torch.tensor([0.5 + 0j, 1j])) == pytest.approx(0.25)
 
 
-def test_modular_core_at_runs_on_a_small_model():
-    task = ModularAddition(p=7, train_fraction=0.5)
-    model = ToyTransformer(ac.modular_model_config(7, 1, 16, 2, 32), seed=0)
+@pytest.mark.parametrize("block", ac.MODULAR_BLOCKS)
+def test_modular_core_at_runs_on_a_small_model(block):
+    task = ac.modular_task(7, 0.5, block)
+    model_cfg = ac.modular_model_config(7, 1, 16, 2, 32, block)
+    assert (model_cfg.n_ctx, model_cfg.d_vocab) == ((2, 7) if block == "paper" else (3, 8))
+    assert (model_cfg.normalization, model_cfg.init) == (("postLN", "pytorch") if block == "paper" else (None, "normal"))
+    model = ToyTransformer(model_cfg, seed=0)
     res = ac.modular_core_at(model, task, definition=ac.with_threshold(ace.PAPER, 0.99), alternative=ace.BOOK)
     assert 1 <= res["rank"] <= 7 and len(res["eigenvalues"]) == res["rank"]
     assert 1 <= res["alt_rank"] <= 6  # centred logits of p = 7 outputs span 6 dimensions, raw logits 7
     for key in ("sufficient_dim", "necessary_dim", "alt_sufficient_dim", "alt_necessary_dim"):
         assert res[key] >= 1  # a number, inf where no k qualifies
     assert res["necessary_dim"] >= res["rank"]  # the paper's: max(energy rank, k)
+    assert res["core_dim"] == max(res["rank"], res["necessary_dim"]) and res["necessary_k"] <= res["necessary_dim"]
+    assert 0 <= res["unit_circle_share"] <= 1
+    with pytest.raises(ValueError, match="block"):
+        ac.modular_model_config(7, 1, 16, 2, 32, "pre-LN")
+
+
+def test_class_mean_operator_of_a_fourier_representation_is_on_the_unit_circle():
+    """Activations = Fourier features of the answer c plus per-input noise: the class means rotate exactly
+    (every eigenvalue on the circle, share 1); features that shrink along the cycle give share 0."""
+    p, freqs = 11, (1, 3)
+    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+    c = ((a + b) % p).flatten()
+    feats = torch.stack([f(2 * math.pi * k * c.double() / p) for k in freqs for f in (torch.cos, torch.sin)], 1)
+    gen = torch.Generator().manual_seed(0)
+    H = feats @ torch.randn(4, 10, generator=gen, dtype=torch.float64) \
+        + 0.3 * torch.randn(len(c), 10, generator=gen, dtype=torch.float64)
+    core = ace.extract_core(H, torch.eye(10, dtype=torch.float64).expand(len(H), 10, 10), rank=4)
+    op = ac.class_mean_operator(core, H, c, p)
+    assert ac.unit_circle_share(op.eigenvalues, ac.unit_circle_tolerance(p)) == 1.0
+    assert sorted(abs(cmath.phase(complex(e))) for e in op.eigenvalues) == \
+        pytest.approx(sorted([2 * math.pi * k / p for k in freqs for _ in (0, 1)]), abs=0.05)
+    assert ac.unit_circle_tolerance(53) == pytest.approx(math.sin(math.pi / 53))
+    assert ac.unit_circle_share(torch.tensor([1.0 + 0j, 0.5, 1j * 1.04, 0.9]), 0.05) == 0.5
+    with pytest.raises(ValueError, match="every answer"):
+        ac.class_mean_operator(core, H, c % 5, p)
+
+
+def test_joint_crossing_is_when_every_member_has_grokked():
+    metrics = pd.DataFrame({"step": [0, 10, 20, 30, 40] * 2, "member": [0] * 5 + [1] * 5,
+                            "acc_test": [0.1, 0.995, 0.98, 0.999, 1.0, 0.1, 0.2, 0.995, 0.999, 1.0]})
+    assert ac.joint_crossing(metrics) == 30  # member 0 dips below 0.99 at step 20
+    assert math.isnan(ac.joint_crossing(metrics.assign(acc_test=0.5)))
+
+
+def test_seed_mean_exponent_fits_the_mean_delay_per_sweep_point():
+    """Seeds scatter around delay = 1000 / omega with multiplicative noise that averages to 1 at every
+    point: the seed-mean fit recovers -1 exactly, while seeds alone scatter."""
+    omegas = [1.0, 1.5, 2.0, 3.0]
+    noise = {0: 0.5, 1: 1.5, 2: 1.0}
+    rows = [{"seed": s, "omega": w, "delay": 1000 / w * (noise[s] if i % 2 else 2 - noise[s])}
+            for i, w in enumerate(omegas) for s in noise]
+    rows.append({"seed": 3, "omega": 3.0, "delay": float("nan")})  # did not grok: left out of the mean
+    times = pd.DataFrame(rows)
+    points = ac.seed_mean_delays(times, "omega")
+    assert points["mean"].tolist() == pytest.approx([1000 / w for w in omegas])
+    assert points["grokked"].tolist() == [3, 3, 3, 3] and points["seeds"].tolist() == [3, 3, 3, 4]
+    fit = ac.seed_mean_exponent(times, "omega")
+    assert fit.exponent == pytest.approx(-1.0) and fit.n == 4
+    spread = ac.per_seed_exponents(times, "omega")["exponent"]
+    assert spread.max() - spread.min() > 0.5
+    assert ac.seed_mean_exponent(times[times.omega < 1.6], "omega") is None  # two points: no fit
 
 
 def test_first_crossing_and_grokking_times():
@@ -338,14 +414,22 @@ def test_grokking_summary_and_growth():
                          "remove_acc_at_rank": [0.3, 0.2, 0.2, 0.02, 0.02] + [0.5] * 5,
                          "unit_circle_deviation": [0.4, 0.3, 0.2, 0.01, 0.02] + [0.5] * 5,
                          "necessary_dim": [5, 6, 7, 8, 24] + [None] * 5,
+                         "necessary_k": [5, 6, 7, 3, 24] + [None] * 5,
+                         "core_dim": [20, 30, 25, 8, 24] + [math.inf] * 5,
+                         "unit_circle_share": [0.0, 0.1, 0.2, 0.95, 1.0] + [0.0] * 5,
                          "sufficient_dim": [30, 30, 20, 8, 8] + [5] * 5})
     times = pd.DataFrame({"member": [0, 1], "seed": [3, 4], "tau_mem": [150.0, 100.0], "tau_grok": [350.0, math.nan]})
-    out = ac.grokking_summary(traj, times)
+    out = ac.grokking_summary(traj, times, 350.0)
     row = out.iloc[0]
     assert row["grok checkpoint"] == 400 and row["rank before (max)"] == 30  # steps 200 and 300
+    assert row["core dim before (max)"] == 30 and row["core dim at grokking"] == 8
     assert row["rank at grokking"] == 8 and row["deviation before (median)"] == pytest.approx(0.25)
     assert row["deviation at grokking"] == 0.01 and row["deviation final"] == 0.02
-    assert row["necessary final"] == 24 and math.isnan(out.iloc[1]["rank at grokking"])
+    assert row["circle share at grokking"] == 0.95 and row["necessary k at grokking"] == 3
+    assert row["necessary final"] == 24
+    # the grokking point is the run's: member 1 (never grokked by itself) is read at the same checkpoint
+    assert out.iloc[1]["grok checkpoint"] == 400 and out.iloc[1]["core dim at grokking"] == math.inf
+    assert "grok checkpoint" not in ac.grokking_summary(traj, times, math.nan)  # no grokking point: only the times
     g = ac.dimension_growth(traj[traj.member == 0], 350.0)
     assert g["necessary growth"] == 3.0 and g["sufficient ratio"] == 1.0 and g["from step"] == 400
     g1 = ac.dimension_growth(traj[traj.member == 1], math.nan)
@@ -366,7 +450,7 @@ def test_final_frequencies_of_rotations():
 def test_choose_fork_step_uses_the_paper_epoch_or_the_midpoint(runs_dir):
     cfg = SimpleNamespace(grok_p=7, grok_train_fraction=0.5, grok_layers=1, grok_d_model=8, grok_heads=2, grok_d_mlp=16,
                           grok_lr=1e-3, grok_wd=1.0, grok_batch=8, grok_epochs=6, grok_checkpoint_every_epochs=2,
-                          grok_seeds=[0])
+                          grok_seeds=[0], grok_block="paper", grok_dropout=0.1)
     exp = ac.train_grokking(cfg)
     spe = exp.task.steps_per_epoch(8)  # 24 training pairs at batch 8: 3 steps per epoch
     assert spe == 3 and exp.run.checkpoint_steps() == [0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 14, 18]

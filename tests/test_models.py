@@ -1,4 +1,6 @@
 """The toy transformer: TransformerLens names, hooks, caching, patching, variants."""
+import math
+
 import pytest
 import torch
 from transformer_lens import ActivationCache
@@ -248,3 +250,71 @@ def test_each_ensemble_member_draws_its_own_dropout_mask_under_vmap():
     base.eval()
     out = vmap(forward)(params, buffers, x)
     assert torch.allclose(out[0], members[0].eval()(x[0]), atol=1e-5) and torch.equal(out[0], out[1])
+
+
+# ---------------------------------------------------------------- init="pytorch" (the algorithmic-cores paper's models)
+PT = ToyConfig(d_vocab=6, n_ctx=31, d_model=64, n_layers=2, n_heads=4, d_mlp=256, d_vocab_out=5,
+               normalization="postLN", init="pytorch")
+
+
+def _pytorch_reference(cfg, seed=0):
+    """The same model built from PyTorch modules with their default initialisation, as TransformerLens-layout
+    tensors: nn.Embedding (tokens, positions), one nn.TransformerEncoderLayer per layer, an nn.Linear readout."""
+    torch.manual_seed(seed)
+    d, h, e = cfg.d_model, cfg.n_heads, cfg.head_dim
+    out = {"embed.W_E": torch.nn.Embedding(cfg.d_vocab, d).weight, "pos_embed.W_pos": torch.nn.Embedding(cfg.n_ctx, d).weight}
+    for i in range(cfg.n_layers):
+        layer = torch.nn.TransformerEncoderLayer(d, h, cfg.d_mlp, batch_first=True)
+        W_q, W_k, W_v = layer.self_attn.in_proj_weight.split(h * e)
+        b_q, b_k, b_v = layer.self_attn.in_proj_bias.split(h * e)
+        out.update({f"blocks.{i}.attn.W_Q": W_q, f"blocks.{i}.attn.W_K": W_k, f"blocks.{i}.attn.W_V": W_v,
+                    f"blocks.{i}.attn.b_Q": b_q, f"blocks.{i}.attn.b_K": b_k, f"blocks.{i}.attn.b_V": b_v,
+                    f"blocks.{i}.attn.W_O": layer.self_attn.out_proj.weight,
+                    f"blocks.{i}.attn.b_O": layer.self_attn.out_proj.bias,
+                    f"blocks.{i}.mlp.W_in": layer.linear1.weight, f"blocks.{i}.mlp.b_in": layer.linear1.bias,
+                    f"blocks.{i}.mlp.W_out": layer.linear2.weight, f"blocks.{i}.mlp.b_out": layer.linear2.bias,
+                    f"blocks.{i}.ln1.w": layer.norm1.weight, f"blocks.{i}.ln1.b": layer.norm1.bias,
+                    f"blocks.{i}.ln2.w": layer.norm2.weight, f"blocks.{i}.ln2.b": layer.norm2.bias})
+    readout = torch.nn.Linear(d, cfg.out_dim)
+    out.update({"unembed.W_U": readout.weight, "unembed.b_U": readout.bias})
+    return {k: v.detach() for k, v in out.items()}
+
+
+def test_pytorch_init_draws_each_parameter_from_pytorchs_default_distribution():
+    ours = dict(ToyTransformer(PT, seed=0).named_parameters())
+    ref = _pytorch_reference(PT)
+    assert set(ours) == set(ref)
+    for name, theirs in ref.items():
+        mine = ours[name].detach()
+        assert mine.numel() == theirs.numel(), name
+        if theirs.std() == 0:  # constants: zero attention biases, LayerNorm gains 1 and biases 0
+            assert torch.equal(mine.flatten().unique(), theirs.flatten().unique()), name
+            continue
+        if theirs.numel() < 200:  # too few draws to compare laws (the readout bias: checked by its bound below)
+            continue
+        # same family and scale: the largest |value| (uniform laws: the bound) and the std agree
+        assert abs(mine.std() / theirs.std() - 1) < 0.15, (name, mine.std(), theirs.std())
+        assert abs(mine.abs().max() / theirs.abs().max() - 1) < (0.6 if "W_E" in name or "W_pos" in name else 0.1), name
+    # known values: embeddings N(0, 1); readout and first feed-forward layer U(+-1/sqrt(d_model))
+    assert abs(ours["embed.W_E"].std() - 1) < 0.15
+    bound = 1 / math.sqrt(PT.d_model)
+    for name in ("unembed.W_U", "unembed.b_U", "blocks.0.mlp.W_in", "blocks.0.mlp.b_in"):
+        assert ours[name].abs().max() <= bound
+    assert ours["blocks.0.mlp.W_out"].abs().max() <= 1 / math.sqrt(PT.d_mlp)
+    assert ours["blocks.0.attn.W_Q"].abs().max() <= math.sqrt(6 / (4 * PT.d_model))  # xavier on [3d, d]
+
+
+def test_pytorch_init_is_seeded_and_leaves_the_normal_init_unchanged():
+    a, b = ToyTransformer(PT, seed=3), ToyTransformer(PT, seed=3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(a.W_U, ToyTransformer(PT, seed=4).W_U)
+    normal = ToyConfig(**{**PT.to_dict(), "init": "normal"})
+    assert abs(ToyTransformer(normal, seed=3).W_U.std() - 1 / math.sqrt(PT.d_model)) < 0.01  # N(0, 1/d_model)
+    assert ToyConfig.from_dict(PT.to_dict()) == PT
+
+
+@pytest.mark.parametrize("bad, field", [(dict(init="xavier"), "init"), (dict(init="pytorch", init_std=0.1), "init_std"),
+                                        (dict(init="pytorch", merged_qk=True), "merged_qk")])
+def test_bad_init_names_the_field_and_the_allowed_values(bad, field):
+    with pytest.raises(ValueError, match=f"{field}.*expected"):
+        ToyConfig(d_vocab=4, n_ctx=3, d_model=8, **bad)

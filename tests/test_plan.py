@@ -58,7 +58,11 @@ def test_plan_command_prints_runs_and_resources(runs_dir, capsys):
     out = capsys.readouterr().out
     assert "assign_add/02_training  [resources: num_cpus=1]" in out
     assert "assign_add/main (" in out and "parameters each" in out and "FLOPs" in out and "here (chunk" in out
-    assert "reads assign_add/main" in out and out.strip().splitlines()[-1].startswith("total: ")
+    assert "reads assign_add/main" in out and any(line.startswith("total: ") for line in out.splitlines())
+    groups = out[out.index("\ngroups ("):]
+    assert ("assign_add/01_task, assign_add/02_training, assign_add/03_generalization, assign_add/04_mechanisms, "
+            "assign_add/05_gradient_theory") in groups, "02-05 read the main run; 02 needs 01"
+    assert "one 8-minute call (480 s" in groups
     assert not any(runs_dir.rglob("config.json")) if runs_dir.exists() else True
 
 
@@ -86,3 +90,44 @@ def test_resources_flat_or_per_profile(mini_book):
     prof.write_text(base + "    resources: {full: {num_gpus: 0.5, memory_gb: 4}}\n")
     assert params.resources("demo", "02_use", "full") == {"num_cpus": 1, "num_gpus": 0.5, "memory_gb": 4}
     assert params.resources("demo", "02_use", "smoke") == {"num_cpus": 1}
+
+
+def _cost(name, seconds, complete=False):
+    from types import SimpleNamespace
+
+    from circuitbook.plan import RunCost
+
+    run = SimpleNamespace(dir=SimpleNamespace(name=name), key=f"key-{name}", complete=complete)
+    return RunCost(run, 10, 1e9, seconds, 1)
+
+
+def test_groups_join_notebooks_through_needs_and_shared_runs(mini_book):
+    from circuitbook.plan import EVAL_SHARE, NOTEBOOK_OVERHEAD_S, NotebookPlan, groups
+
+    shared = _cost("demo/run", 100.0)
+    (both,) = groups([NotebookPlan("demo/01_make", {}, [shared]), NotebookPlan("demo/02_use", {}, [shared])], "smoke")
+    assert both.notebooks == ["demo/01_make", "demo/02_use"] and both.claims == 2
+    assert both.seconds == pytest.approx(100 * (1 + EVAL_SHARE) + 2 * NOTEBOOK_OVERHEAD_S), "a shared run counts once"
+    assert both.notebook_seconds["demo/02_use"] == NOTEBOOK_OVERHEAD_S, "the reader trains nothing"
+    prof = mini_book / "chapters" / "demo" / "profiles.yml"
+    prof.write_text(prof.read_text().replace("    needs: [01_make]\n", ""))
+    apart = groups([NotebookPlan("demo/01_make", {}, [_cost("demo/a", 10.0, complete=True)]),
+                    NotebookPlan("demo/02_use", {}, [], "cannot plan it: no data")], "smoke")
+    assert [g.notebooks for g in apart] == [["demo/01_make"], ["demo/02_use"]]
+    assert apart[0].seconds == NOTEBOOK_OVERHEAD_S, "a run complete in the store costs nothing"
+    assert apart[1].problems == ["demo/02_use: cannot plan it: no data"]
+
+
+def test_choose_groups_takes_the_largest_value_that_still_fits():
+    from circuitbook.plan import Group, choose_groups
+
+    def group(name, claims, seconds, problems=()):
+        return Group([name], [], claims, seconds, {name: seconds}, list(problems))
+
+    big, cheap, dear, broken, small = (group("big", 5, 200), group("cheap", 2, 20), group("dear", 2, 300),
+                                       group("broken", 9, 1, ["x: cannot plan it"]), group("small", 0, 50))
+    chosen, skipped = choose_groups([small, dear, cheap, big, broken], 300)
+    assert [g.name for g in chosen] == ["big", "cheap", "small"]
+    assert [(g.name, why) for g, why in skipped] == [("broken", "x: cannot plan it"),
+                                                     ("dear", "needs ~5m 00s, 1m 20s left")]
+    assert choose_groups([big], 199) == ([], [(big, "needs ~3m 20s, 3m 19s left")])

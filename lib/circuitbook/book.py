@@ -211,8 +211,6 @@ def _module_file(name: str) -> Path | None:
 def _import_closure(roots: set[str]) -> set[str]:
     """Files (relative to the package) of the modules `roots` import, transitively, with the
     `__init__.py` of every package on the way (importing a.b.c runs a and a.b first)."""
-    import ast
-
     todo, seen = [r for r in roots], set()
     while todo:
         name = todo.pop()

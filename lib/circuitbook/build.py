@@ -189,6 +189,31 @@ def _not_executed(src: Path, dest: Path, profile: str) -> None:
     nbformat.write(nb, dest)
 
 
+def _stage_unexecuted(nb: Notebook, profile: str, dest: Path) -> str:
+    """Stage a notebook that has no usable cached execution in a build that executes nothing; say how.
+
+    An execution of other sources (an imported one, say) is shown under a banner naming what changed;
+    a failed one as it failed (papermill's banner is on it); with neither, the code only."""
+    executed = executed_path(profile, nb)
+    if not executed.exists():
+        _not_executed(dest, dest, profile)
+        return "not executed: code only"
+    try:
+        results = context.read_results(nb.chapter, nb.name, profile)
+    except context.DamagedResultsError:
+        results = None
+    if results and results.get("status") == "failed":
+        shutil.copy2(executed, dest)
+        return "its failed execution"
+    changed = book.what_changed((results or {}).get("inputs"), nb.inputs) or ["its cache record does not verify"]
+    notebook = nbformat.read(executed, as_version=4)
+    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(
+        f"```{{warning}}\nThese outputs are **stale**: they were computed from other sources than this book's "
+        f"({'; '.join(changed)}), so its claims are not graded. Execute it again to update them.\n```"))
+    nbformat.write(notebook, dest)
+    return f"stale execution ({'; '.join(changed)})"
+
+
 # ---------------------------------------------------------------- staging and rendering
 
 def stage(profile: str) -> Path:
@@ -257,13 +282,18 @@ def _strip_ansi(text: str) -> str:
 # ---------------------------------------------------------------- the build
 
 def build(profile: str, chapters: list[str] | None = None, force: bool = False, keep_going: bool = False,
-          log=print, ray: str | bool | None = None) -> Path:
+          log=print, ray: str | bool | None = None, execute_missing: bool = True) -> Path:
     """Build the whole book at `profile`; return the HTML folder.
 
     ray: None/False builds here, one notebook after another. An address (or True: the cluster of this
     machine, else a new local one) executes the notebooks whose inputs are ready concurrently as Ray
     tasks, each with the resources its profiles.yml declares; cache, order and output stay the same.
+    execute_missing=False (`--no-execute`) executes nothing: cached executions (those `circuitbook
+    import-results` placed among them) render as they are, an imported execution of other sources
+    renders under a "stale" banner, the rest as code only.
     """
+    if not execute_missing and (force or ray):
+        raise params.ParameterError("--no-execute executes nothing; it takes neither --force nor --ray")
     params.check_profile(profile)
     nbs = book_notebooks()
     known = sorted({nb.chapter for nb in nbs} | set(params.chapters()))
@@ -285,7 +315,7 @@ def build(profile: str, chapters: list[str] | None = None, force: bool = False, 
     with build_lock(profile, log):
         seconds, cached = estimate(selected, profile, force)
         log(f"circuitbook build: profile {profile}, {len(selected)} notebooks ({cached} cached), "
-            f"estimated {fmt_seconds(seconds)}")
+            + (f"estimated {fmt_seconds(seconds)}" if execute_missing else "nothing is executed (--no-execute)"))
         src = stage(profile)
         failures, timing, todo = [], {}, []
         for i, nb in enumerate(nbs, 1):
@@ -302,6 +332,9 @@ def build(profile: str, chapters: list[str] | None = None, force: bool = False, 
                 log(f"[{i}/{len(nbs)}] {nb.path}: unchanged, cached ({hit['seconds']:.0f} s when executed)")
                 shutil.copy2(executed_path(profile, nb), dest)
                 timing[nb.label] = hit.get("seconds")
+                continue
+            if not execute_missing:
+                log(f"[{i}/{len(nbs)}] {nb.path}: {_stage_unexecuted(nb, profile, dest)} (--no-execute)")
                 continue
             if address:
                 todo.append(nb)

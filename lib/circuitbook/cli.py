@@ -16,6 +16,7 @@ import yaml
 from . import build as build_mod
 from . import claims, context, params, settings
 from .runs import DamagedRunError, runs_root
+from .transfer import TransferError
 
 
 def default_profile() -> str:
@@ -70,6 +71,9 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--keep-going", action="store_true",
                    help="render the book even if a notebook fails (the failure is shown on its page); exit 1")
     b.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS", help=RAY_HELP)
+    b.add_argument("--no-execute", action="store_true",
+                   help="execute nothing: render cached and imported executions (`import-results`), imported ones "
+                        "of other sources under a stale banner, the rest as code only")
     b.add_argument("--plan", action="store_true",
                    help="train nothing: print every notebook's runs at the profile (parameters, FLOPs, time on this "
                         "device from a short calibration) and the resources each notebook asks for")
@@ -101,6 +105,21 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--label", default=None, help="grade the results recorded under this label (what `circuitbook "
                                                  "run` printed, e.g. cpu+3fa2c1d0) with the same rules")
     s.add_argument("--json", action="store_true", help="print a JSON list of {id, status, paper, measured, profile, ...}")
+
+    e = sub.add_parser("export-results", help="pack a label's executed notebooks, results and run metrics into archives",
+                       description="Pack every notebook's results under LABEL, its executed notebook and cache record, "
+                                   "and the metrics (no weights) of the runs they name into gzip tar archives of at "
+                                   "most 15 MiB each (OUT/circuitbook-results-LABEL-N.tar.gz).")
+    e.add_argument("--label", required=True, help="a profile (full) or a results label (full+3fa2c1d0)")
+    e.add_argument("--out", required=True, type=Path, help="folder for the archives")
+
+    i = sub.add_parser("import-results", help="place archived results (from a GPU machine) in this run store",
+                       description="Check every archive (digests, input hashes, notebooks of this book), then place "
+                                   "its executed notebooks and results in the run store, so that `circuitbook build "
+                                   "--profile PROFILE` uses them instead of executing. Results computed from other "
+                                   "sources than the current ones are imported as stale (never graded); benchmark "
+                                   "results go to benchmarks/results/.")
+    i.add_argument("archives", nargs="+", type=Path, metavar="ARCHIVE")
     return p
 
 
@@ -118,7 +137,8 @@ def cmd_build(a) -> int:
             raise params.ParameterError("--plan trains nothing; it takes no --ray")
         plan.print_plan(profile, a.chapter)
         return 0
-    build_mod.build(profile, a.chapter, force=a.force, keep_going=a.keep_going, ray=a.ray)
+    build_mod.build(profile, a.chapter, force=a.force, keep_going=a.keep_going, ray=a.ray,
+                    execute_missing=not a.no_execute)
     return 0
 
 
@@ -210,6 +230,41 @@ def _empty_store(label: str) -> str | None:
     return None
 
 
+def cmd_export_results(a) -> int:
+    from . import transfer
+
+    build_mod.check_store(write=False)
+    summary = transfer.export_results(a.label, a.out)
+    if not summary["notebooks"]:
+        raise params.ParameterError(f"--label {a.label}: no results under {runs_root() / 'results' / a.label}")
+    for archive in summary["archives"]:
+        print(f"{archive}  ({archive.stat().st_size / 2 ** 20:.1f} MiB)")
+    print(f"{len(summary['notebooks'])} notebooks of {a.label} in {len(summary['archives'])} archive(s)"
+          + (f"; left out: {', '.join(summary['left_out'])}" if summary["left_out"] else ""))
+    return 0
+
+
+def cmd_import_results(a) -> int:
+    from . import transfer
+
+    build_mod.check_store()
+    done = transfer.import_results(a.archives)
+    profile = context.label_profile(done.label)
+    print(f"imported {len(done.current) + len(done.stale) + len(done.failed)} notebooks of {done.label}: "
+          f"{len(done.current)} current, {len(done.stale)} stale, {len(done.failed)} failed; "
+          f"{done.metrics} run metrics files")
+    for nb, changed in done.stale.items():
+        print(f"  stale: {nb} ({'; '.join(changed)}): imported, never graded")
+    for nb in done.failed:
+        print(f"  failed there: {nb} (its page shows the failure; the scorecard says not run)")
+    for nb in done.kept_local:
+        print(f"  kept the local result of {nb}: it is current, the imported one is not")
+    for path in done.files:
+        print(f"  benchmark results: {path}")
+    print(f"render: circuitbook build --profile {profile} --no-execute   (or make book PROFILE={profile} NO_EXECUTE=1)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # as a command: die quietly when piped into `head`
         import signal
@@ -219,8 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     try:
         settings.check_environment()  # a bad CIRCUITBOOK_* variable is refused before anything runs
-        return {"build": cmd_build, "run": cmd_run, "params": cmd_params, "scorecard": cmd_scorecard}[a.command](a)
+        commands = {"build": cmd_build, "run": cmd_run, "params": cmd_params, "scorecard": cmd_scorecard,
+                    "export-results": cmd_export_results, "import-results": cmd_import_results}
+        return commands[a.command](a)
     except (params.ParameterError, ValueError) as e:  # bad input: nothing was computed
+        return _fail(a.command, str(e), 2)
+    except TransferError as e:  # an archive that cannot be imported: nothing was written
         return _fail(a.command, str(e), 2)
     except (build_mod.BuildError, build_mod.StoreError, build_mod.BookError, DamagedRunError) as e:
         return _fail(a.command, str(e), 1)

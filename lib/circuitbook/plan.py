@@ -263,49 +263,197 @@ def _budget(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
-def print_plan(profile: str, chapters: list[str] | None = None, out=print) -> list[RunCost]:
-    """Print every notebook's runs at `profile`, their size and cost on this device, and its resources."""
+@dataclass
+class NotebookPlan:
+    """One notebook's part of the plan: the runs its code trains or reads (RunCosts shared between the
+    notebooks that use the same run), or why it could not be planned."""
+
+    label: str
+    resources: dict
+    runs: list[RunCost]
+    error: str = ""
+
+
+def plan_book(profile: str, chapters: list[str] | None = None, out=print,
+              deadline: float | None = None) -> list[NotebookPlan]:
+    """Plan every notebook of the book (of `chapters`) at `profile` on this device, printing as it goes.
+
+    deadline: a unix time after which the remaining notebooks are not planned (their plan says so).
+    """
     params.check_profile(profile)
     device = default_device()
     nbs = [nb for nb in book_notebooks() if not chapters or nb.chapter in chapters]
     out(f"circuitbook plan: profile {profile} on {device_name(device)}, load {os.getloadavg()[0]:.1f}; "
         "nothing is trained (times: calibration steps measured now, evaluation not included)")
-    seen, costs, t0 = set(), [], time.time()
+    seen: dict[tuple[str, str], RunCost] = {}
+    plans = []
     for nb in nbs:
         res = params.resources(nb.chapter, nb.name, profile)
         out(f"\n{nb.label}  [resources: {', '.join(f'{k}={v}' for k, v in res.items())}]")
+        if deadline is not None and time.time() > deadline:
+            plans.append(NotebookPlan(nb.label, res, [], "not planned: the planning budget is spent"))
+            out("  ? not planned: the planning budget is spent")
+            continue
         try:
-            with _budget(PLAN_BUDGET_S):
+            with _budget(PLAN_BUDGET_S if deadline is None else max(1.0, min(PLAN_BUDGET_S, deadline - time.time()))):
                 planned = planned_runs(nb.chapter, nb.name, profile)
+                costs = []
+                for run in planned:
+                    ident = (run.dir.name, run.key)
+                    if ident in seen:
+                        out(f"  reads {run.dir.name}, trained above")
+                    else:
+                        seen[ident] = cost(run, device)
+                        _print_run(seen[ident], out)
+                    costs.append(seen[ident])
         except params.ParameterError:
             raise  # a wrong profiles.yml: the same one-line error as a build
         except Exception as e:  # noqa: BLE001 - missing data etc.: say so for this notebook, plan the rest
-            out(f"  ? cannot plan it: {e.args[0] if isinstance(e, KeyError) else f'{type(e).__name__}: {e}'}")
+            why = e.args[0] if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+            out(f"  ? cannot plan it: {why}")
+            plans.append(NotebookPlan(nb.label, res, [], f"cannot plan it: {why}"))
             continue
         if not planned:
             out("  trains nothing")
-        for run in planned:
-            ident = (run.dir.name, run.key)
-            if ident in seen:
-                out(f"  reads {run.dir.name}, trained above")
-                continue
-            seen.add(ident)
-            c = cost(run, device)
-            costs.append(c)
-            tc = run.train_config
-            span = f"{tc.steps - run.start:,} steps" + (f" (fork at {run.start:,})" if run.start else "")
-            stored = "  [complete in the store: nothing to train]" if run.complete else ""
-            key = "key ?" if run.dir.name in UNKNOWN_KEY else run.key[:8]
-            out(f"  {run.dir.name} ({key}): {run.n_members} member(s) x {span} x batch {tc.batch_size}, "
-                f"{c.params_per_member:,} parameters each, {c.flops:.2e} FLOPs, "
-                f"~{fmt_seconds(c.seconds)} here (chunk {c.chunk}){stored}")
-            if c.note:
-                out(f"    note: {c.note}")
-            if run.dir.name in UNKNOWN_KEY:
-                out("    note: planned without its evaluation callback (its first-batch statistics are minutes of "
-                    "work at this profile), so the key shown is not the trained run's; its size and time are those of the trained run")
+        plans.append(NotebookPlan(nb.label, res, costs))
+    return plans
+
+
+def _print_run(c: RunCost, out) -> None:
+    run, tc = c.run, c.run.train_config
+    span = f"{tc.steps - run.start:,} steps" + (f" (fork at {run.start:,})" if run.start else "")
+    stored = "  [complete in the store: nothing to train]" if run.complete else ""
+    key = "key ?" if run.dir.name in UNKNOWN_KEY else run.key[:8]
+    out(f"  {run.dir.name} ({key}): {run.n_members} member(s) x {span} x batch {tc.batch_size}, "
+        f"{c.params_per_member:,} parameters each, {c.flops:.2e} FLOPs, "
+        f"~{fmt_seconds(c.seconds)} here (chunk {c.chunk}){stored}")
+    if c.note:
+        out(f"    note: {c.note}")
+    if run.dir.name in UNKNOWN_KEY:
+        out("    note: planned without its evaluation callback (its first-batch statistics are minutes of "
+            "work at this profile), so the key shown is not the trained run's; its size and time are those of the trained run")
+
+
+# ---------------------------------------------------------------- groups: what must execute in one visit
+
+# A notebook's time beyond its training: a kernel's start, imports, evaluation and analysis. Evaluation is
+# charged as a share of the training time, the rest as a fixed allowance per notebook (benchmarks/README.md
+# says where these come from; a notebook's recorded time replaces the estimate once it has run).
+EVAL_SHARE = 0.10
+NOTEBOOK_OVERHEAD_S = 15.0
+DEVICE_CALL_S = 480  # one call on a GPU machine that runs at most 10 minutes, with time to spare
+CALL_OVERHEAD_S = 150  # what scripts/device-run.sh spends besides the groups: install, CUDA tests, benchmarks, packing
+
+
+@dataclass
+class Group:
+    """Notebooks that must execute in one visit to a machine: the notebooks that train runs and every
+    notebook that reads them (weights never come back), joined through shared runs and `needs`."""
+
+    notebooks: list[str]
+    runs: list[RunCost]
+    claims: int  # claim rows its notebooks grade: the group's value
+    seconds: float  # estimated time on the device it was planned on
+    notebook_seconds: dict[str, float]  # per notebook, in book order: the runs it trains first and its allowance
+    problems: list[str]
+
+    @property
+    def name(self) -> str:
+        first, rest = self.notebooks[0], len(self.notebooks) - 1
+        return first + (f" (+{rest})" if rest else "")
+
+
+def run_seconds(c: RunCost) -> float:
+    """A run's estimated time to train here, evaluation included (0 if it is complete in the store)."""
+    return 0.0 if c.run.complete else c.seconds * (1 + EVAL_SHARE)
+
+
+def groups(plans: list[NotebookPlan], profile: str) -> list[Group]:
+    """The connected groups of notebooks (shared runs, `needs`), in book order, valued and estimated."""
+    from . import claims as claims_mod
+
+    label_of = {p.label: p for p in plans}
+    parent = {p.label: p.label for p in plans}
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def join(a, b):
+        parent[find(a)] = find(b)
+
+    owner: dict[tuple[str, str], str] = {}
+    for p in plans:
+        chapter, name = p.label.split("/", 1)
+        for need in params.needs(chapter, name):
+            if f"{chapter}/{need}" in label_of:
+                join(p.label, f"{chapter}/{need}")
+        for c in p.runs:
+            ident = (c.run.dir.name, c.run.key)
+            if ident in owner:
+                join(p.label, owner[ident])
+            owner.setdefault(ident, p.label)
+    graded: dict[str, int] = {}
+    for chapter in claims_mod.claim_chapters():
+        for claim in claims_mod.load_claims(chapter)["claims"]:
+            graded[f"{chapter}/{claim['notebook']}"] = graded.get(f"{chapter}/{claim['notebook']}", 0) + 1
+    members: dict[str, list[NotebookPlan]] = {}
+    for p in plans:
+        members.setdefault(find(p.label), []).append(p)
+    out = []
+    for ps in members.values():
+        counted: set[int] = set()
+        per_nb = {}
+        for p in ps:
+            new = [c for c in p.runs if id(c) not in counted]
+            counted.update(id(c) for c in new)
+            per_nb[p.label] = sum(run_seconds(c) for c in new) + NOTEBOOK_OVERHEAD_S
+        runs = list({id(c): c for p in ps for c in p.runs}.values())
+        out.append(Group([p.label for p in ps], runs, sum(graded.get(p.label, 0) for p in ps),
+                         sum(per_nb.values()), per_nb, [f"{p.label}: {p.error}" for p in ps if p.error]))
+    return out
+
+
+def choose_groups(candidates: list[Group], budget_s: float) -> tuple[list[Group], list[tuple[Group, str]]]:
+    """The groups to run within budget_s: largest value (claims graded) first, the cheaper of equal value
+    first, each one that still fits the time left; returns (chosen in that order, [(skipped, why)])."""
+    chosen, skipped, left = [], [], budget_s
+    for g in sorted(candidates, key=lambda g: (-g.claims, g.seconds)):
+        if g.problems:
+            skipped.append((g, "; ".join(g.problems)))
+        elif g.seconds > left:
+            skipped.append((g, f"needs ~{fmt_seconds(g.seconds)}, {fmt_seconds(max(left, 0))} left"))
+        else:
+            chosen.append(g)
+            left -= g.seconds
+    return chosen, skipped
+
+
+def print_groups(found: list[Group], device: torch.device, out=print) -> None:
+    out(f"\ngroups (notebooks that train runs and those that read them: one visit each), on {device_name(device)}:")
+    for g in sorted(found, key=lambda g: (-g.claims, g.seconds)):
+        fits = ("cannot plan: " + "; ".join(g.problems)) if g.problems else \
+            ("fits one 8-minute call" if g.seconds <= DEVICE_CALL_S - CALL_OVERHEAD_S else "longer than one 8-minute call")
+        out(f"  {g.claims:>2} claims  ~{fmt_seconds(g.seconds):>8}  {', '.join(g.notebooks)}  [{fits}]")
+    budget = DEVICE_CALL_S - CALL_OVERHEAD_S
+    chosen, _ = choose_groups(found, budget)
+    out(f"one 8-minute call ({DEVICE_CALL_S} s, ~{CALL_OVERHEAD_S} s of it for installing, the CUDA tests, the "
+        f"benchmarks and packing) runs: " + ("; ".join(f"{g.name} (~{fmt_seconds(g.seconds)})" for g in chosen)
+                                              or "no group") + " (scripts/device-run.sh --budget-s 480)")
+
+
+def print_plan(profile: str, chapters: list[str] | None = None, out=print) -> list[RunCost]:
+    """Print every notebook's runs at `profile`, their size and cost on this device, its resources, and the
+    groups of notebooks that must execute together with their estimated time here."""
+    t0 = time.time()
+    plans = plan_book(profile, chapters, out)
+    device = default_device()
+    costs = list({id(c): c for p in plans for c in p.runs}.values())
     todo = [c for c in costs if not c.run.complete]
     out(f"\ntotal: {len(costs)} runs ({len(costs) - len(todo)} complete in the store), "
         f"{sum(c.flops for c in todo):.2e} FLOPs to train, ~{fmt_seconds(sum(c.seconds for c in todo))} on "
         f"{device_name(device)} one run after another (planned in {time.time() - t0:.0f} s)")
+    print_groups(groups(plans, profile), device, out)
     return costs

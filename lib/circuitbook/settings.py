@@ -50,6 +50,16 @@ def parse_seconds(text: str) -> float:
     return value
 
 
+def _unix_time(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise SettingError(f"{text!r} is not allowed; expected a unix time in seconds")
+    return value
+
+
 def _flag(text: str) -> str:
     if text not in ("0", "1"):
         raise SettingError(f"{text!r} is not allowed; expected 0 or 1")
@@ -104,16 +114,19 @@ SETTINGS = {s.name: s for s in [
     Setting("CIRCUITBOOK_RUNS", _absolute, "the run store (default: <book>/runs)"),
     Setting("CIRCUITBOOK_ROOT", _book_root, "the book's root (default: the checkout holding the library)"),
     Setting("CIRCUITBOOK_TINYSTORIES", _existing_path, "the TinyStories text the leading_terms chapter reads"),
+    Setting("CIRCUITBOOK_MODEL_CACHE", _absolute, "where converted pretrained models are kept (default "
+                                                   "~/.cache/circuitbook/models)"),
     Setting("CIRCUITBOOK_DEVICE", _device, "where to train (default: CUDA when available, else CPU)"),
     Setting("CIRCUITBOOK_CHUNK", parse_chunk, "how many ensemble members train together: auto, all or N"),
     Setting("CIRCUITBOOK_LOCK_LEASE_S", parse_seconds, "seconds before another host takes over a silent lock"),
     Setting("CIRCUITBOOK_PROGRESS", _flag, "1 (default) shows training progress bars, 0 hides them"),
+    Setting("CIRCUITBOOK_DEADLINE", _unix_time, "unix time after which train() starts no new run (a GPU visit)"),
     Setting("CIRCUITBOOK_RAY_ADDRESS", _any, "the Ray cluster of a Ray build", internal=True),
     Setting("CIRCUITBOOK_RAY_RESOURCES", _any, "the resources of a notebook's Ray tasks", internal=True),
     Setting("CIRCUITBOOK_RESULTS_LABEL", _label, "the results label of the execution", internal=True),
     Setting("CIRCUITBOOK_EXECUTION_ID", _any, "the id of the execution", internal=True),
 ]}
-PATH_SETTINGS = ("CIRCUITBOOK_RUNS", "CIRCUITBOOK_ROOT", "CIRCUITBOOK_TINYSTORIES")
+PATH_SETTINGS = ("CIRCUITBOOK_RUNS", "CIRCUITBOOK_ROOT", "CIRCUITBOOK_TINYSTORIES", "CIRCUITBOOK_MODEL_CACHE")
 
 
 def check_environment(environ=None) -> None:

@@ -178,6 +178,32 @@ def extract_core(activations, jacobians, energy_threshold: float = 0.99, rank: i
                    energy_threshold=energy_threshold if rank is None else None)
 
 
+def output_mode_share(activations, jacobians, directions) -> float:
+    """The share of ACE's total energy tr(Cov Obs) = sum sigma^2 carried by some output directions.
+
+    activations H [N, D], jacobians J [N, n_out, D]; directions [k, n_out] (or [n_out]) in output space,
+    orthonormalised here. With P the projector onto them, the share is tr(Cov E[J^T P J]) / tr(Cov E[J^T J]):
+    how much of the linearised output variance moves the outputs along those directions. E.g. the
+    all-ones direction of raw logits is the mode that shifts every logit alike, which softmax ignores.
+    """
+    H = _as_float64(activations, "activations")
+    J = jacobians if isinstance(jacobians, torch.Tensor) else _as_float64(jacobians, "jacobians")
+    U = _as_float64(directions, "directions")
+    U = U[None] if U.ndim == 1 else U
+    if J.ndim != 3 or J.shape[0] != H.shape[0] or J.shape[2] != H.shape[1] or U.ndim != 2 \
+            or U.shape[1] != J.shape[1]:
+        raise ValueError(f"expected activations [N, D], jacobians [N, n_out, D] and directions [k, n_out]; got "
+                         f"{tuple(H.shape)}, {tuple(J.shape)}, {tuple(U.shape)}")
+    U = torch.linalg.qr(U.T).Q.T  # [k, n_out], orthonormal rows
+    Hc = H - H.mean(0)
+    cov = Hc.T @ Hc / (H.shape[0] - 1)
+    projected = torch.einsum("ko,nod->nkd", U.to(J.dtype), J)
+    total = torch.trace(cov @ _observability(J))
+    if total <= 0:
+        raise ValueError("the outputs do not vary with the activations (tr(Cov Obs) = 0): no energy to share")
+    return float(torch.trace(cov @ _observability(projected)) / total)
+
+
 # --------------------------------------------------------------------------- #
 # Hooks: shared by collection and validation (and by fourier.py)
 # --------------------------------------------------------------------------- #

@@ -62,7 +62,7 @@ def template_cosine(M: torch.Tensor, template: torch.Tensor | None = None) -> fl
     structure about 0. NaN if either centred matrix is zero.
     """
     M = double_centre(M)
-    T = double_centre(torch.eye(M.shape[0]) if template is None else template)
+    T = double_centre(torch.eye(M.shape[0], device=M.device) if template is None else template)
     if T.shape != M.shape:
         raise ValueError(f"template has shape {tuple(T.shape)}; M has {tuple(M.shape)}")
     denom = M.norm() * T.norm()

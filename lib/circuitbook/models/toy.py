@@ -23,6 +23,11 @@ from .registry import register_model
 POSITIONAL = ("learned", "relative", "none")
 NORMALIZATION = (None, "LN", "postLN")
 ACT_FNS = ("relu", "gelu")
+# How the weights start (`ToyConfig.init`): "normal", every W_* ~ N(0, init_std^2) with zero biases (the book's
+# first choice); "pytorch", what the same model built from PyTorch modules starts with (nn.Embedding token and
+# position embeddings, nn.TransformerEncoderLayer attention and feed-forward, an nn.Linear readout), see
+# `ToyTransformer.init_weights`.
+INIT_SCHEMES = ("normal", "pytorch")
 
 
 @register_model
@@ -45,7 +50,8 @@ class ToyConfig:
     merged_qk: bool = False  # one W_QK [n_heads, d_model, d_model] per layer
     frozen: tuple[str, ...] = ()  # parameter-name patterns the optimizer never updates
     attn_scale: float | None = None  # default sqrt(d_head)
-    init_std: float | None = None  # default 1 / sqrt(d_model); 0 = all-zero init
+    init_std: float | None = None  # init "normal": default 1 / sqrt(d_model); 0 = all-zero init
+    init: str = "normal"  # one of INIT_SCHEMES
     layer_norm_eps: float = 1e-5
     dropout: float = 0.0  # in training mode only: attention pattern, attention out, MLP hidden, MLP out
 
@@ -59,6 +65,11 @@ class ToyConfig:
         check(self.positional in POSITIONAL, "positional", f"one of {POSITIONAL}")
         check(self.normalization in NORMALIZATION, "normalization", f"one of {NORMALIZATION}")
         check(self.act_fn in ACT_FNS, "act_fn", f"one of {ACT_FNS}")
+        check(self.init in INIT_SCHEMES, "init", f"one of {INIT_SCHEMES}")
+        check(self.init != "pytorch" or self.init_std is None, "init_std",
+              "None with init='pytorch' (PyTorch's defaults fix every scale)")
+        check(self.init != "pytorch" or not self.merged_qk, "merged_qk",
+              "False with init='pytorch' (PyTorch has no merged query-key module)")
         check(self.d_mlp >= 0, "d_mlp", "an integer >= 0")
         check(isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1, "dropout", "a number in [0, 1)")
         check(self.d_head is None or self.d_head >= 1, "d_head", "None or an integer >= 1")
@@ -345,19 +356,70 @@ class ToyTransformer(HookedRootModule):
 
     @torch.no_grad()
     def init_weights(self, seed: int | None):
-        """Weights ~ N(0, init_std^2); biases 0, LayerNorm gains 1; one-hot W_E = I."""
+        """Draw the weights from `seed` by the config's scheme (`ToyConfig.init`); one-hot W_E = I.
+
+        "normal": weights ~ N(0, init_std^2), biases 0, LayerNorm gains 1.
+        "pytorch": see `_init_pytorch`.
+        """
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        std = self.cfg.init_std if self.cfg.init_std is not None else 1 / math.sqrt(self.cfg.d_model)
-        for name, p in self.named_parameters():
-            leaf = name.rsplit(".", 1)[-1]
-            if leaf.startswith("W_"):
-                p.copy_(torch.randn(p.shape, generator=gen) * std)
-            elif leaf == "w":
+        if self.cfg.init == "pytorch":
+            self._init_pytorch(gen)
+        else:
+            std = self.cfg.init_std if self.cfg.init_std is not None else 1 / math.sqrt(self.cfg.d_model)
+            for name, p in self.named_parameters():
+                leaf = name.rsplit(".", 1)[-1]
+                if leaf.startswith("W_"):
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+                elif leaf == "w":
+                    p.fill_(1.0)
+                else:
+                    p.zero_()
+        if self.cfg.one_hot_embed:
+            self.embed.W_E.copy_(torch.eye(self.cfg.d_vocab))
+
+    def _init_pytorch(self, gen: torch.Generator | None) -> None:
+        """PyTorch's default initialisation of the modules this model corresponds to.
+
+        nn.Embedding (W_E, W_pos): N(0, 1). nn.MultiheadAttention: the in-projection [3 H d_head, d_model]
+        that holds W_Q, W_K, W_V is xavier-uniform, its bias and the out-projection's bias are 0, the
+        out-projection W_O is an nn.Linear weight. nn.Linear (feed-forward W_in / W_out, readout W_U):
+        kaiming-uniform with a = sqrt(5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and a bias from the same
+        range. LayerNorm gain 1, bias 0; relative position biases 0. Weights are drawn in PyTorch's
+        [out, in] layout and stored transposed into TransformerLens's [in, out] layout.
+        """
+        init = nn.init
+        cfg = self.cfg
+        h, d, dh = cfg.n_heads, cfg.d_model, cfg.head_dim
+
+        def linear(W: torch.Tensor, b: torch.Tensor | None, fan_in: int) -> None:
+            # nn.Linear.reset_parameters: weight kaiming_uniform_(a=sqrt(5)), bias U(+-1/sqrt(fan_in))
+            w = torch.empty(W.shape[-1], fan_in)
+            init.kaiming_uniform_(w, a=math.sqrt(5), generator=gen)
+            W.copy_(w.T.reshape(W.shape))
+            if b is not None:
+                init.uniform_(b, -1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in), generator=gen)
+
+        for name, p in self.named_parameters():  # LayerNorm gains 1; every bias not drawn below stays 0
+            if name.rsplit(".", 1)[-1] == "w":
                 p.fill_(1.0)
             else:
                 p.zero_()
-        if self.cfg.one_hot_embed:
-            self.embed.W_E.copy_(torch.eye(self.cfg.d_vocab))
+        init.normal_(self.embed.W_E, generator=gen)
+        if cfg.positional == "learned":
+            init.normal_(self.pos_embed.W_pos, generator=gen)
+        for block in self.blocks:
+            attn = block.attn
+            in_proj = torch.empty(3 * h * dh, d)  # PyTorch's packed [W_q; W_k; W_v], rows = output features
+            init.xavier_uniform_(in_proj, generator=gen)
+            for W, rows in zip((attn.W_Q, attn.W_K, attn.W_V), in_proj.split(h * dh)):
+                W.copy_(rows.reshape(h, dh, d).transpose(1, 2))  # [head, d_model, d_head]
+            # out-projection [d_model, H d_head] is an nn.Linear weight; MultiheadAttention zeroes its bias
+            linear(attn.W_O.view(h * dh, d), None, fan_in=h * dh)
+            if block.has_mlp:
+                mlp = block.mlp
+                linear(mlp.W_in, mlp.b_in if cfg.bias else None, fan_in=d)
+                linear(mlp.W_out, mlp.b_out if cfg.bias else None, fan_in=cfg.d_mlp)
+        linear(self.unembed.W_U, self.unembed.b_U if cfg.bias else None, fan_in=d)
 
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """tokens [batch, pos] -> logits [batch, pos, d_vocab_out].

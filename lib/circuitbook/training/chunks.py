@@ -23,7 +23,7 @@ import torch
 from .. import log, runs, settings
 from ..models.registry import config_to_dict
 from .config import TrainConfig
-from .device import default_device, device_name
+from .device import default_device, device_name, device_policy
 from .ensemble import Ensemble, Optimizer, stack_batches, train_step
 from .evaluate import EvalFn
 from .loop import Trainer
@@ -191,16 +191,17 @@ def calibrate(spec: RunSpec, sizes: Sequence[int], device: torch.device, repeats
     todo = [c for c in sizes if c not in have.step_s]
     if todo:
         steps, first = {}, {}
-        _step_fn(spec, min(todo), device)  # the process's one-off costs (first kernels, allocator) are no part's setup
-        for c in todo:
-            try:
-                steps[c], first[c] = _step_fn(spec, c, device)
-            except torch.cuda.OutOfMemoryError:  # a chunk too big for this device is never chosen
-                torch.cuda.empty_cache()
-        best = {c: float("inf") for c in steps}
-        for _ in range(repeats):
-            for c, step in steps.items():
-                best[c] = min(best[c], step())
+        with device_policy(device):  # timed with the kernels training will use
+            _step_fn(spec, min(todo), device)  # the process's one-off costs (first kernels, allocator) are no part's setup
+            for c in todo:
+                try:
+                    steps[c], first[c] = _step_fn(spec, c, device)
+                except torch.cuda.OutOfMemoryError:  # a chunk too big for this device is never chosen
+                    torch.cuda.empty_cache()
+            best = {c: float("inf") for c in steps}
+            for _ in range(repeats):
+                for c, step in steps.items():
+                    best[c] = min(best[c], step())
         have.step_s.update(best)
         have.setup_s.update({c: max(0.0, first[c] - best[c]) for c in steps})
     fits = [c for c in sizes if c in have.step_s]

@@ -19,7 +19,9 @@ import torch
 from tqdm import tqdm
 
 from .. import log, runs
+from ..tasks.base import derive_seed
 from .config import TrainConfig
+from .device import device_policy
 from .ensemble import Ensemble, Optimizer, stack_batches, train_step
 from .run import checkpoint_rel
 
@@ -55,6 +57,8 @@ class Trainer:
         tensors = {f"param.{n}": p for n, p in self.ens.state().items()}
         tensors.update({f"opt.{n}": t for n, t in self.opt.state().items()})
         tensors["rng.torch"] = torch.get_rng_state()
+        if self.ens.device.type == "cuda":  # dropout draws on the GPU's generator: a resumed run needs it too
+            tensors["rng.cuda"] = torch.cuda.get_rng_state(self.ens.device)
         rel = checkpoint_rel(step)
         digest = runs.save_tensors(self.dir.file(rel), tensors)
         # the JSON marker is written last: a checkpoint without it never counts
@@ -73,6 +77,8 @@ class Trainer:
         self.ens.load_state({k[6:]: v for k, v in tensors.items() if k.startswith("param.")})
         self.opt.load_state({k[4:]: v for k, v in tensors.items() if k.startswith("opt.")}, self.opt.t)
         torch.set_rng_state(tensors["rng.torch"])
+        if "rng.cuda" in tensors and self.ens.device.type == "cuda":
+            torch.cuda.set_rng_state(tensors["rng.cuda"], self.ens.device)
 
     def _resume(self) -> int:
         """Load the newest intact checkpoint that an intact metrics history reaches; return its step.
@@ -166,6 +172,15 @@ class Trainer:
             f.write("".join(json.dumps(r) + "\n" for r in rows))
 
     def run(self) -> None:
+        # The run draws its random numbers (dropout) from its own stream, seeded from its members' seeds, so it
+        # repeats in any process (torch seeds its global generator at random in each one); a resumed run
+        # loads the stream's state from its checkpoint. The caller's generators are left as they were.
+        devices = [self.ens.device] if self.ens.device.type == "cuda" else []
+        with device_policy(self.ens.device), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(derive_seed("train", *self.tc.seeds))
+            self._run()
+
+    def _run(self) -> None:
         self.dir.path.mkdir(parents=True, exist_ok=True)
         runs.atomic_write_json(self.dir.file("config.json"), self.full_config)
         step = self._resume()

@@ -9,6 +9,8 @@ or read back is not part of it.
 from __future__ import annotations
 
 import inspect
+import os
+import time
 from dataclasses import asdict
 from typing import Callable
 
@@ -22,6 +24,27 @@ from .device import default_device
 from .evaluate import EvalFn
 from .loop import Trainer
 from .run import Run
+
+
+DEADLINE_ENV = "CIRCUITBOOK_DEADLINE"  # unix time after which train() starts no new run (a GPU visit's budget)
+
+
+class BudgetExhausted(RuntimeError):
+    """The time budget ($CIRCUITBOOK_DEADLINE) ended before a run started: stopped between runs."""
+
+
+def check_deadline(name: str) -> None:
+    """Refuse to start training `name` once $CIRCUITBOOK_DEADLINE has passed (cached runs still load)."""
+    raw = os.environ.get(DEADLINE_ENV)
+    if not raw:
+        return
+    try:
+        deadline = float(raw)
+    except ValueError:
+        raise ValueError(f"${DEADLINE_ENV}={raw!r} is not a unix time in seconds") from None
+    if time.time() > deadline:
+        raise BudgetExhausted(f"the time budget (${DEADLINE_ENV}) ended before run {name} started; stopped "
+                              "between runs, nothing half-trained")
 
 
 def train(name: str, model, task, config: TrainConfig, *, evaluate: EvalFn | None = None,
@@ -72,6 +95,7 @@ def train(name: str, model, task, config: TrainConfig, *, evaluate: EvalFn | Non
         if store.open_complete(rundir):
             log.info(f"cached run {rundir.name} ({rundir.key[:8]})")
         else:
+            check_deadline(rundir.name)
             spec = RunSpec(rundir, full_config, model, tasks, config, evaluate, init_fn, fork_from)
             dev = default_device(device)
             size = chunks.existing_chunk(rundir) or choose_chunk(spec, chunk, dev)
