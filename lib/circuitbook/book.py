@@ -83,8 +83,8 @@ def _check_order(nbs: list[Notebook]) -> None:
     seen: set[str] = set()
     for nb in nbs:
         for need in nb.needs:
-            if f"{nb.chapter}/{need}" not in seen:
-                raise BookError(f"_toc.yml: {nb.label} needs {nb.chapter}/{need}, which must come before it")
+            if need not in seen:
+                raise BookError(f"_toc.yml: {nb.label} needs {need}, which must come before it")
         seen.add(nb.label)
 
 
@@ -236,12 +236,15 @@ def notebook_inputs(chapter: str, notebook: str, profile: str, overrides: dict |
 
     The notebooks it `needs` contribute their own inputs' hashes (at the profile's values).
     """
-    if notebook in _seen:
-        raise BookError(f"{chapter}: notebooks need each other in a circle: {' -> '.join(_seen + (notebook,))}")
+    if f"{chapter}/{notebook}" in _seen:
+        raise BookError(f"notebooks need each other in a circle: {' -> '.join(_seen + (f'{chapter}/{notebook}',))}")
     resolved = params.resolve(chapter, notebook, profile, overrides)
     params.paper_values(chapter, notebook)  # a wrong `paper:` entry is refused before any compute too
-    upstream = {n: inputs_hash(notebook_inputs(chapter, n, profile, None, _seen + (notebook,)))
-                for n in params.needs(chapter, notebook)}
+    upstream = {}
+    for label in params.needs(chapter, notebook):
+        other, name = label.split("/", 1)
+        key = name if other == chapter else label  # another chapter's notebook by its full label
+        upstream[key] = inputs_hash(notebook_inputs(other, name, profile, None, _seen + (f"{chapter}/{notebook}",)))
     # profiles.yml enters through the values it resolves to: editing another notebook's section, the
     # resources, the estimates or the paper's values and deviations changes no result
     inputs = {"notebook": _sha(notebook_path(chapter, notebook).read_bytes()),

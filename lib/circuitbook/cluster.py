@@ -192,8 +192,7 @@ def execute_notebooks(todo: list, profile: str, address: str, resources_of, on_d
     total, started = len(todo), 0
     try:
         while pending or running:
-            for nb in [nb for nb in pending if all(f"{nb.chapter}/{n}" not in waiting_on or f"{nb.chapter}/{n}" in done
-                                                    for n in nb.needs)]:
+            for nb in [nb for nb in pending if all(n not in waiting_on or n in done for n in nb.needs)]:
                 resources = resources_of(nb)
                 env = {**base_env, RESOURCES_ENV: json.dumps(resources)}
                 ref = task.options(**ray_options(resources), max_retries=2).remote(nb, profile, profile, env)

@@ -388,8 +388,8 @@ def groups(plans: list[NotebookPlan], profile: str) -> list[Group]:
     for p in plans:
         chapter, name = p.label.split("/", 1)
         for need in params.needs(chapter, name):
-            if f"{chapter}/{need}" in label_of:
-                join(p.label, f"{chapter}/{need}")
+            if need in label_of:
+                join(p.label, need)
         for c in p.runs:
             ident = (c.run.dir.name, c.run.key)
             if ident in owner:
