@@ -180,7 +180,21 @@ def visit(a) -> int:
 # ---------------------------------------------------------------- the groups
 
 def run_groups(profile: str, until: float, chapters: list[str] | None, summary_path: Path) -> int:
-    """Plan, choose and execute groups of notebooks before `until`; the summary is rewritten after each notebook."""
+    """Plan, choose and execute groups of notebooks before `until`; the summary is rewritten after each notebook.
+    The notebooks' `train()` starts no run after `until` ($CIRCUITBOOK_DEADLINE, set only while this runs)."""
+    from .train import DEADLINE_ENV
+
+    before = os.environ.get(DEADLINE_ENV)
+    try:
+        return _run_groups(profile, until, chapters, summary_path)
+    finally:
+        if before is None:
+            os.environ.pop(DEADLINE_ENV, None)
+        else:
+            os.environ[DEADLINE_ENV] = before
+
+
+def _run_groups(profile: str, until: float, chapters: list[str] | None, summary_path: Path) -> int:
     from . import build, plan
     from .book import book_notebooks, compute_hashes
     from .training.runner import DEADLINE_ENV
