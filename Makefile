@@ -1,6 +1,7 @@
 # make book [PROFILE=smoke|cpu|full]   set up .venv and build the book (default: full with a GPU, else cpu)
 # make test                            set up .venv and headless Chromium, run every test
 # make check-site PROFILE=cpu          check a built book in headless Chromium, screenshots to _build/screenshots
+# make lock                            pin .venv's packages into requirements.lock
 # make device-pack                     the wheels a GPU machine without network needs, into .whl/ (scripts/device-run.sh)
 # make book PROFILE=full NO_EXECUTE=1  render imported results (circuitbook import-results) without executing anything
 PROFILE ?=
@@ -10,9 +11,14 @@ NO_EXECUTE ?=
 CIRCUITBOOK_TINYSTORIES ?= $(wildcard $(abspath ../shared/data/tinystories/tinystories_lower_4MB.txt))
 export CIRCUITBOOK_TINYSTORIES
 
-.PHONY: setup book test check-site device-pack clean
+.PHONY: setup book test check-site device-pack clean lock
 setup:
 	@bash scripts/setup.sh
+
+# Pin the environment of .venv into requirements.lock (after adding or upgrading a package; commit it):
+# its hash is part of every notebook's inputs, so results of another environment read `stale`.
+lock:
+	@bash scripts/lock.sh
 
 book: setup
 	.venv/bin/circuitbook build $(if $(PROFILE),--profile $(PROFILE),) $(if $(NO_EXECUTE),--no-execute,)

@@ -76,7 +76,7 @@ def cluster_arm(ray, address: str, setting_name: str, members: int, steps: int, 
 def empty_task_ms(ray, n: int = 8) -> float:
     @ray.remote(num_cpus=1)
     def noop():
-        import circuitbook.train  # noqa: F401  (what a part task imports first)
+        import circuitbook.training  # noqa: F401  (what a part task imports first)
         return 0
 
     ray.get([noop.remote() for _ in range(2)])  # warm workers

@@ -32,7 +32,7 @@ import circuitbook as cb
 import common
 from circuitbook.tasks.assign_add import AssignAddTask
 from circuitbook.tasks.base import Batch, step_generator
-from circuitbook.train import Ensemble, Optimizer, RunSpec, best_chunk, calibrate, chunk_candidates, per_member_loss
+from circuitbook.training import Ensemble, Optimizer, RunSpec, best_chunk, calibrate, chunk_candidates, per_member_loss
 
 # Batched and single matmuls round differently; Adam's normalised step lets that drift grow a little with steps.
 TOLERANCE = {"loss": 1e-4, "weight": 1e-2}

@@ -32,7 +32,7 @@ from transformer_lens.model_bridge.sources.native.model import NativeModel
 
 import circuitbook as cb
 import common
-from circuitbook.train import Ensemble, Optimizer, per_member_loss
+from circuitbook.training import Ensemble, Optimizer, per_member_loss
 
 SIZES = {
     # Assign and Add width (2 layers, d_model 128, d_mlp 512, batch 512 x 16, loss at the last position);

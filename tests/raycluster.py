@@ -5,7 +5,6 @@ and is ended by pid: nothing else running Ray on the machine is touched.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket

@@ -1,9 +1,8 @@
 """Building a (tiny) book: order, caching, failures, scorecard, overrides."""
-import json
 
 import pytest
 
-from circuitbook import build, claims, context, params
+from circuitbook import build, claims, context
 from circuitbook.cli import main
 
 

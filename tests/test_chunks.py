@@ -14,7 +14,7 @@ import circuitbook as cb
 from circuitbook import runs
 from circuitbook.experiments.assign_add import MemberPoolAccuracy
 from circuitbook.tasks.modular import ModularAddition
-from circuitbook.train import (RunSpec, TrainConfig, best_chunk, choose_chunk, chunk_candidates, events,
+from circuitbook.training import (RunSpec, TrainConfig, best_chunk, choose_chunk, chunk_candidates, events,
                                split_members)
 
 TASKS = [ModularAddition(p=11, train_fraction=0.5, split_seed=s) for s in range(4)]
@@ -114,7 +114,7 @@ def test_best_chunk_known_answers():
 
 def test_calibration_times_steps_and_part_setup():
     """calibrate measures a step and a part's setup at each chunk size, on the device at hand."""
-    from circuitbook.train import calibrate
+    from circuitbook.training import calibrate
 
     spec = RunSpec(None, {}, MODEL, TASKS, TrainConfig(steps=10, batch_size=8, seeds=(0, 1, 2, 3)))
     cal = calibrate(spec, [1, 2, 4], torch.device("cpu"), repeats=2)
@@ -136,8 +136,8 @@ def test_auto_chunk_keeps_short_runs_and_dropout_whole(tmp_path, monkeypatch):
     assert choose_chunk(spec, 3) == 3 and choose_chunk(spec, 99) == 4
     monkeypatch.setenv("CIRCUITBOOK_CHUNK", "2")
     assert choose_chunk(spec) == 2
-    monkeypatch.setattr(sys.modules["circuitbook.train"], "MIN_CALIBRATED_RUN_S", 0.0)
-    monkeypatch.setattr(sys.modules["circuitbook.train"], "MIN_CALIBRATED_STEPS", 0)
+    monkeypatch.setattr(sys.modules["circuitbook.training.chunks"], "MIN_CALIBRATED_RUN_S", 0.0)
+    monkeypatch.setattr(sys.modules["circuitbook.training.chunks"], "MIN_CALIBRATED_STEPS", 0)
     monkeypatch.setenv("CIRCUITBOOK_CHUNK", "auto")
     dropout = RunSpec(rundir, {}, cb.ToyConfig(**{**MODEL.to_dict(), "dropout": 0.1}), TASKS, TC)
     assert choose_chunk(dropout) == 4, "members sharing one random stream are never split"

@@ -1,10 +1,10 @@
 """The claims ledger: rules, statuses, stale results, per-seed values, and every claim of PAPERS.md."""
-import json
 import re
 
 import nbformat
 import pytest
 
+import circuitbook as cb
 from circuitbook import build, claims, context, params
 from conftest import ROOT
 
@@ -58,7 +58,7 @@ def _finish(chapter="demo", notebook="01_make", label="smoke"):
 
 
 def test_status_from_recorded_values(mini_book, runs_dir):
-    params.load_params("demo", "01_make", "smoke")
+    cb.load_params("demo", "01_make", "smoke")
     claims.record("demo_value", 1.5)
     _finish()
     rows = {r["id"]: r for r in claims.scorecard("smoke")}
@@ -74,7 +74,7 @@ def test_status_from_recorded_values(mini_book, runs_dir):
 
 
 def test_a_result_still_running_or_failed_is_never_graded(mini_book, runs_dir):
-    params.load_params("demo", "01_make", "smoke")
+    cb.load_params("demo", "01_make", "smoke")
     claims.record("demo_value", 5.0)
     status = claims.scorecard("smoke")[0]["status"]
     assert status.startswith("not run: demo/01_make is still running or was interrupted"), status
@@ -83,7 +83,7 @@ def test_a_result_still_running_or_failed_is_never_graded(mini_book, runs_dir):
 
 
 def test_a_result_of_other_code_is_stale_and_says_what_changed(mini_book, runs_dir):
-    params.load_params("demo", "01_make", "smoke")
+    cb.load_params("demo", "01_make", "smoke")
     claims.record("demo_value", 5.0)
     _finish()
     assert claims.scorecard("smoke")[0]["status"] == "reproduced"
@@ -106,14 +106,16 @@ def test_a_result_of_other_code_is_stale_and_says_what_changed(mini_book, runs_d
 def test_stale_when_the_library_or_an_upstream_notebook_changes(mini_book, runs_dir, monkeypatch):
     from circuitbook import book
 
-    params.load_params("demo", "02_use", "smoke")
+    cb.load_params("demo", "02_use", "smoke")
     claims.record("demo_twice", 4.0)
     _finish("demo", "02_use")
     assert {r["id"]: r for r in claims.scorecard("smoke")}["D-2"]["status"] == "reproduced"
+    recorded = book.library_hash("demo", "02_use")
+    assert "claims.py" in recorded and "cli.py" not in recorded, "the modules the notebook's code imports"
     with monkeypatch.context() as m:
-        m.setattr(book, "library_hash", lambda: "a-different-library")
+        m.setattr(book, "library_hash", lambda *a: {**recorded, "claims.py": "edited"})
         assert {r["id"]: r for r in claims.scorecard("smoke")}["D-2"]["status"] == (
-            "stale: the library code changed, upstream 01_make changed since this result was recorded")
+            "stale: the library code changed (claims.py), upstream 01_make changed since this result was recorded")
     nb = mini_book / "chapters" / "demo" / "01_make.ipynb"
     nb.write_text(nb.read_text().replace("demo_value", "demo_value "))
     assert {r["id"]: r for r in claims.scorecard("smoke")}["D-2"]["status"] == (
@@ -127,7 +129,7 @@ def _ledger(mini_book, claim_yaml: str):
 def test_not_measured_is_not_not_reproduced(mini_book, runs_dir):
     _ledger(mini_book, "  - {id: D-1, statement: s, paper: p, notebook: 01_make, measured: [a],"
                        " reproduced_if: ['a >= 1'], expected: [smoke]}\n")
-    params.load_params("demo", "01_make", "smoke")
+    cb.load_params("demo", "01_make", "smoke")
     claims.record("a", float("nan"), why="no jump detected")
     _finish()
     assert claims.scorecard("smoke")[0]["status"] == "not measured: no jump detected"
@@ -148,7 +150,7 @@ def test_parts_named_missing_part_and_worst_part(mini_book, runs_dir):
       - {name: cross-model alignment, reproduced_if: ['b >= 0.9'], partial_if: ['b >= 0.5']}
     expected: [smoke]
 """)
-    params.load_params("demo", "01_make", "smoke")
+    cb.load_params("demo", "01_make", "smoke")
 
     def status(a, b, why=None):
         claims.record("a", a)
@@ -168,7 +170,7 @@ def test_parts_named_missing_part_and_worst_part(mini_book, runs_dir):
 def test_per_seed_values_judge_the_median_and_count_the_seeds(mini_book, runs_dir):
     _ledger(mini_book, "  - {id: D-1, statement: s, paper: p, notebook: 01_make, measured: [step],"
                        " reproduced_if: ['step in [1000, 2000]'], partial_if: ['step in [500, 3000]'], expected: [smoke]}\n")
-    params.load_params("demo", "01_make", "smoke")
+    cb.load_params("demo", "01_make", "smoke")
     claims.record("step", [900.0, 1100.0, 1300.0])
     _finish()
     row = claims.scorecard("smoke")[0]
@@ -188,7 +190,7 @@ def test_per_seed_values_judge_the_median_and_count_the_seeds(mini_book, runs_di
 def test_baselines_are_shown_beside_the_value(mini_book, runs_dir):
     _ledger(mini_book, "  - {id: D-1, statement: s, paper: p, notebook: 01_make, measured: [overlap],"
                        " reproduced_if: ['overlap <= 0.1'], baselines: {overlap: random_overlap}, expected: [smoke]}\n")
-    params.load_params("demo", "01_make", "smoke")
+    cb.load_params("demo", "01_make", "smoke")
     claims.record("overlap", 0.05)
     claims.record("random_overlap", 0.06)
     _finish()
@@ -201,7 +203,7 @@ def test_record_names_its_run(mini_book, runs_dir):
         def __init__(self, key):
             self.key, self.dir, self.path = key, type("D", (), {"name": f"r/{key}"})(), f"/x/{key}"
 
-    params.load_params("demo", "01_make", "smoke")
+    cb.load_params("demo", "01_make", "smoke")
     claims.record("x", 1.0)
     assert context.current()["values"]["x"]["run"] is None, "no run used: no run named"
     context.note_run(FakeRun("aaa"))
@@ -224,7 +226,7 @@ def test_record_rejects_bad_keys_and_values(mini_book, runs_dir):
     import numpy as np
     import torch
 
-    params.load_params("demo", "01_make", "smoke")
+    cb.load_params("demo", "01_make", "smoke")
     assert claims.record("k", np.float32(0.25)) == 0.25 and claims.record("t", torch.tensor(2)) == 2.0
     assert claims.record("l", np.array([1, 2])) == [1.0, 2.0] and claims.record("m", torch.tensor([0.5])) == [0.5]
     with pytest.raises(ValueError, match="identifier"):
@@ -271,7 +273,7 @@ def test_malformed_claims_yml_is_refused_naming_file_and_claim(mini_book, text, 
 
 
 def test_a_damaged_results_file_is_named_not_a_crash(mini_book, runs_dir):
-    params.load_params("demo", "01_make", "smoke")
+    cb.load_params("demo", "01_make", "smoke")
     claims.record("demo_value", 5.0)
     _finish()
     path = context.results_path("demo", "01_make", "smoke")
@@ -285,7 +287,7 @@ def test_deviations_are_listed_from_profiles_yml(mini_book, runs_dir):
     prof.write_text(prof.read_text() + "paper: {value: 3.0}\ndeviations:\n  smoke: [\"a smaller corpus\"]\n")
     assert params.deviations("demo", "01_make", "smoke") == ["value = 2 (paper: 3)", "a smaller corpus"]
     assert params.deviations("demo", "01_make", "full") == ["value = 1 (paper: 3)"]
-    params.load_params("demo", "01_make", "smoke")
+    cb.load_params("demo", "01_make", "smoke")
     claims.record("demo_value", 2.0)
     _finish()
     assert claims.scorecard("smoke")[0]["deviations"] == ["value = 2 (paper: 3)", "a smaller corpus"]

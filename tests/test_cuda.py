@@ -2,7 +2,7 @@
 
 Tests marked `cuda` need a CUDA GPU and are skipped without one (conftest.py); scripts/device-run.sh runs
 them there (`pytest -m cuda tests/test_cuda.py`). Most are parametrized over devices, so that the same
-assertions also run on the CPU here and in CI. Decisions (train.device_policy): fp32 matrix products in
+assertions also run on the CPU here and in CI. Decisions (training.device.device_policy): fp32 matrix products in
 full fp32 (no TF32), deterministic algorithms on CUDA (scatter-adds in the backward of gathers and
 embeddings take their deterministic kernels), the GPU's random state in checkpoints, cosines in float64.
 """
@@ -22,8 +22,8 @@ from circuitbook import runs
 from circuitbook.models.onehot import OneHotConfig
 from circuitbook.tasks.base import Batch, step_generator
 from circuitbook.tasks.modular import ModularAddition
-from circuitbook.train import (Ensemble, RunSpec, TrainConfig, calibrate, choose_chunk, chunk_candidates,
-                               device_policy)
+from circuitbook.training import Ensemble, RunSpec, TrainConfig, calibrate, choose_chunk, chunk_candidates
+from circuitbook.training.device import device_policy
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 TASK = ModularAddition(p=23, train_fraction=0.5)
@@ -224,7 +224,7 @@ def test_cosines_are_float64_whatever_the_dtype_of_their_inputs(device):
 
 
 def test_no_new_run_starts_after_the_deadline(tmp_path, monkeypatch):
-    from circuitbook.train import DEADLINE_ENV, BudgetExhausted
+    from circuitbook.training.runner import DEADLINE_ENV, BudgetExhausted
 
     done = train_on("cpu", tmp_path, short(steps=5))
     monkeypatch.setenv(DEADLINE_ENV, str(time.time() - 1))

@@ -8,9 +8,7 @@ import tarfile
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
-from packaging.utils import canonicalize_name
 
 from conftest import ROOT
 

@@ -12,7 +12,6 @@ from circuitbook.analysis import ace
 from circuitbook.analysis.compare import projector_overlap
 from circuitbook.experiments import algorithmic_cores as ac
 from circuitbook.models.toy import ToyConfig, ToyTransformer
-from circuitbook.tasks.modular import ModularAddition
 
 
 # ------------------------------------------------------------------ planted system

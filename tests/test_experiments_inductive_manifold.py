@@ -215,7 +215,7 @@ def test_backward_elimination_keeps_a_planted_induction_circuit():
 
 
 def test_probe_reads_the_same_values_from_both_model_kinds():
-    from circuitbook.train import Ensemble
+    from circuitbook.training import Ensemble
 
     task = im.recall_task(8, 2, f_v=0.5, bos=True)
     layout = imir.Layout.from_task(task)
@@ -266,7 +266,7 @@ def test_bad_arguments_are_refused():
 
 
 def test_circuit_probe_matches_member_by_member_ablation():
-    from circuitbook.train import Ensemble
+    from circuitbook.training import Ensemble
 
     task = im.recall_task(8, 2, f_v=1.0)
     layout = imir.Layout.from_task(task)

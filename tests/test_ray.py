@@ -19,7 +19,7 @@ import nbformat
 import pytest
 
 from circuitbook import runs
-from circuitbook.train import events
+from circuitbook.training import events
 
 ray = pytest.importorskip("ray")
 from minibook import notebook, write  # noqa: E402

@@ -8,14 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 import torch
 
 import circuitbook as cb
-from circuitbook import build, claims, context, params
+from circuitbook import build, claims, context
 from circuitbook.cli import main
 from circuitbook.tasks.modular import ModularAddition
 

@@ -29,12 +29,12 @@ def test_key_depends_on_config_and_is_stable():
     assert s.key({"a": 1}) != s.key({"a": 2})
 
 
-def test_code_version_covers_the_core_and_the_task_module_only(runs_dir):
+def test_code_version_covers_the_core_the_model_and_the_task_module_only(runs_dir):
     run = train()
-    assert run.config["code_version"] == runs.code_version([TASK])
+    assert run.config["code_version"] == runs.code_version([TASK, MODEL])
     assert runs.code_version([TASK]) != runs.code_version([]), "the task's module is part of the version"
-    files = runs._package_sources(TASK)
-    assert [f.name for f in files] == ["modular.py"]
+    assert [f.name for f in runs._package_sources(TASK)] == ["modular.py"]
+    assert [f.name for f in runs._package_sources(MODEL)] == ["toy.py"], "the model's module"
 
 
 def test_complete_run_has_manifest_with_digests(runs_dir):

@@ -1,6 +1,5 @@
 """The TinyStories corpus of the leading_terms chapter: sources, tokenizer, vocabulary, samples, BPE."""
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -1,5 +1,4 @@
 """Markov-chain task: stationary distribution, ceiling, eigenvalues, sampling, the dataset."""
-import math
 
 import pytest
 import torch
@@ -7,7 +6,7 @@ import torch
 from circuitbook.models.toy import ToyConfig
 from circuitbook.tasks.base import Batch
 from circuitbook.tasks.markov import MarkovChain, MarkovSequences, next_token_accuracy
-from circuitbook.train import Ensemble
+from circuitbook.training import Ensemble
 
 
 def test_circulant_chain_known_answers():

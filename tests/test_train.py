@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import circuitbook as cb
-from circuitbook.tasks.base import Batch, FixedDataset
+from circuitbook.tasks.base import FixedDataset
 from circuitbook.tasks.modular import ModularAddition
-from circuitbook.train import Optimizer, TrainConfig, per_member_loss
+from circuitbook.training import Optimizer, TrainConfig, per_member_loss
 
 TASK = ModularAddition(p=11, train_fraction=0.5)
 MODEL = cb.ToyConfig(d_vocab=12, n_ctx=3, d_model=16, n_layers=1, n_heads=2, d_mlp=32, d_vocab_out=11)
@@ -191,7 +191,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, monkeypatch):
 
 
 def test_device_choice(monkeypatch):
-    from circuitbook.train import default_device
+    from circuitbook.training import default_device
 
     monkeypatch.setenv("CIRCUITBOOK_DEVICE", "cpu")
     assert default_device() == torch.device("cpu")
@@ -201,7 +201,7 @@ def test_device_choice(monkeypatch):
 
 
 def test_ensemble_logits_follow_the_tokens_device():
-    from circuitbook.train import Ensemble
+    from circuitbook.training import Ensemble
 
     ens = Ensemble(MODEL, (0, 1), device="cpu")
     out = ens.logits(TASK.test.tokens[:5])
@@ -226,7 +226,7 @@ def test_micro_batches_give_the_full_batch_step(runs_dir):
 
 def test_micro_batches_weight_next_token_slices_by_scored_labels(runs_dir):
     """Slices with different numbers of scored (non-ignored) labels are weighted by their counts."""
-    from circuitbook.train import Ensemble, _Trainer
+    from circuitbook.training import Ensemble, accumulate_gradients
 
     tokens = torch.randint(0, 12, (1, 6, 3))
     labels = torch.randint(0, 11, (1, 6, 3))
@@ -234,10 +234,9 @@ def test_micro_batches_weight_next_token_slices_by_scored_labels(runs_dir):
     cfg = TrainConfig(steps=1, batch_size=6, micro_batch_size=2)
     grads = []
     for tc in (TrainConfig(steps=1, batch_size=6), cfg):
-        t = _Trainer.__new__(_Trainer)
-        t.tc, t.ens = tc, Ensemble(MODEL, (0,))
-        loss = t._accumulate_gradients(tokens, labels, "next_token")
-        grads.append((loss, {n: p.grad.clone() for n, p in t.ens.params.items() if p.grad is not None}))
+        ens = Ensemble(MODEL, (0,))
+        loss = accumulate_gradients(ens, tokens, labels, "next_token", tc)
+        grads.append((loss, {n: p.grad.clone() for n, p in ens.params.items() if p.grad is not None}))
     assert torch.allclose(grads[0][0], grads[1][0], atol=1e-6)
     for n in grads[0][1]:
         assert torch.allclose(grads[0][1][n], grads[1][1][n], atol=1e-6), n
@@ -303,7 +302,7 @@ def test_any_registered_model_trains_and_reloads(runs_dir):
 
 
 def test_dropout_masks_differ_between_members_in_training_and_are_off_in_evaluation():
-    from circuitbook.train import Ensemble
+    from circuitbook.training import Ensemble
 
     ens = Ensemble(NoisyConfig(), (0, 0))  # two members with identical weights
     tokens = torch.randint(0, 12, (64, 3))

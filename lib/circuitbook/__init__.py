@@ -3,9 +3,9 @@ how transformers learn circuits. Tasks, the toy transformer, one training loop
 with an ensemble axis, an artifact store, analyses, and the claims ledger."""
 from .claims import record
 from .models.toy import ToyConfig, ToyTransformer
-from .params import load_params
+from .notebook import load_params
 from .runs import Store, repo_root, runs_root
-from .train import Ensemble, Run, TrainConfig, pool_accuracy, train
+from .training import Ensemble, Run, TrainConfig, pool_accuracy, train
 
 __version__ = "0.1.0"
 __all__ = ["record", "ToyConfig", "ToyTransformer", "load_params", "Store", "repo_root", "runs_root", "Ensemble",

@@ -83,8 +83,8 @@ def _check_order(nbs: list[Notebook]) -> None:
     seen: set[str] = set()
     for nb in nbs:
         for need in nb.needs:
-            if f"{nb.chapter}/{need}" not in seen:
-                raise BookError(f"_toc.yml: {nb.label} needs {nb.chapter}/{need}, which must come before it")
+            if need not in seen:
+                raise BookError(f"_toc.yml: {nb.label} needs {need}, which must come before it")
         seen.add(nb.label)
 
 
@@ -121,23 +121,109 @@ def notebook_path(chapter: str, notebook: str) -> Path:
     return params.chapter_dir(chapter) / f"{notebook}.ipynb"
 
 
-def library_hash() -> str:
-    """SHA-256 of every source file of the circuitbook package (names and bytes)."""
-    pkg = Path(__file__).resolve().parent
-    files = sorted(pkg.rglob("*.py"))
-    stamp = tuple((f.as_posix(), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
-    return _library_hash(stamp)
+PACKAGE = Path(__file__).resolve().parent
+# How and where work runs, never what it computes (chunking changes no number beyond float rounding):
+# like a run's key, a notebook's inputs leave these out.
+SCHEDULING = ("cluster.py", "log.py", "training/chunks.py", "training/planning.py", "training/device.py")
 
 
-@lru_cache(maxsize=8)
-def _library_hash(stamp: tuple) -> str:
-    h = hashlib.sha256()
-    pkg = Path(__file__).resolve().parent
-    for name, _, _ in stamp:
-        f = Path(name)
-        h.update(f.relative_to(pkg).as_posix().encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:20]
+def library_hash(chapter: str, notebook: str) -> dict[str, str]:
+    """{module file: `runs.source_digest`} of every library module the notebook's code can run: the
+    modules its cells import and, transitively, what those import (read from the source, function-level
+    imports included). Editing another module, or a comment or docstring, leaves its results fresh."""
+    from .runs import source_digest
+
+    roots = _notebook_imports(notebook_path(chapter, notebook))
+    return {rel: _cached(source_digest, PACKAGE / rel) for rel in sorted(_import_closure(roots))}
+
+
+def _cached(fn, path: Path):
+    st = path.stat()
+    return _cached_call(fn, str(path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=4096)
+def _cached_call(fn, path: str, _mtime: int, _size: int):
+    return fn(Path(path))
+
+
+def _library_imports(path: Path) -> tuple[str, ...]:
+    """The circuitbook modules one library file imports (at any depth)."""
+    import ast
+
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    package = ".".join(parts if rel.name == "__init__" else parts[:-1])
+    found = _imports_of(ast.parse(path.read_text()), package)
+    return tuple(sorted(m for m in found if m == "circuitbook" or m.startswith("circuitbook.")))
+
+
+def _notebook_imports(path: Path) -> set[str]:
+    """The circuitbook modules the code cells of a notebook import (dotted names)."""
+    import ast
+
+    import nbformat
+
+    found = set()
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse("\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!"))))
+        except SyntaxError:
+            continue
+        found |= _imports_of(tree, package=None)
+    return {m for m in found if m == "circuitbook" or m.startswith("circuitbook.")}
+
+
+def _imports_of(tree, package: str | None) -> set[str]:
+    """Dotted module names an AST imports (relative ones resolved against `package`); `from X import y`
+    counts X and X.y (y may be a submodule)."""
+    import ast
+
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                if package is None:
+                    continue
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                mod = f"{base}.{node.module}" if node.module else base
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)
+    return out
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of a circuitbook module (package: its __init__.py), None if it is not one."""
+    parts = name.split(".")[1:]
+    base = PACKAGE.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _import_closure(roots: set[str]) -> set[str]:
+    """Files (relative to the package) of the modules `roots` import, transitively, with the
+    `__init__.py` of every package on the way (importing a.b.c runs a and a.b first)."""
+    todo, seen = [r for r in roots], set()
+    while todo:
+        name = todo.pop()
+        chain = name.split(".")
+        for i in range(1, len(chain) + 1):
+            mod = ".".join(chain[:i])
+            f = _module_file(mod)
+            if f is None or f in seen:
+                continue
+            seen.add(f)
+            if f.relative_to(PACKAGE).as_posix() not in SCHEDULING:  # what scheduling code imports is its business
+                todo.extend(_cached(_library_imports, f))
+    return {f.relative_to(PACKAGE).as_posix() for f in seen} - set(SCHEDULING)
 
 
 def _sha(data: bytes) -> str:
@@ -150,17 +236,21 @@ def notebook_inputs(chapter: str, notebook: str, profile: str, overrides: dict |
 
     The notebooks it `needs` contribute their own inputs' hashes (at the profile's values).
     """
-    if notebook in _seen:
-        raise BookError(f"{chapter}: notebooks need each other in a circle: {' -> '.join(_seen + (notebook,))}")
+    if f"{chapter}/{notebook}" in _seen:
+        raise BookError(f"notebooks need each other in a circle: {' -> '.join(_seen + (f'{chapter}/{notebook}',))}")
     resolved = params.resolve(chapter, notebook, profile, overrides)
     params.paper_values(chapter, notebook)  # a wrong `paper:` entry is refused before any compute too
-    upstream = {n: inputs_hash(notebook_inputs(chapter, n, profile, None, _seen + (notebook,)))
-                for n in params.needs(chapter, notebook)}
+    upstream = {}
+    for label in params.needs(chapter, notebook):
+        other, name = label.split("/", 1)
+        key = name if other == chapter else label  # another chapter's notebook by its full label
+        upstream[key] = inputs_hash(notebook_inputs(other, name, profile, None, _seen + (f"{chapter}/{notebook}",)))
     # profiles.yml enters through the values it resolves to: editing another notebook's section, the
     # resources, the estimates or the paper's values and deviations changes no result
     inputs = {"notebook": _sha(notebook_path(chapter, notebook).read_bytes()),
               "params": _sha(canonical_json(dict(resolved)).encode()),
-              "library": library_hash(), "upstream": upstream, "profile": profile}
+              "library": library_hash(chapter, notebook), "upstream": upstream, "profile": profile,
+              "environment": environment_hash()}
     files = params.file_inputs(chapter, notebook, resolved)  # files enter by content, not by name
     if files:
         inputs["files"] = files
@@ -171,8 +261,16 @@ def inputs_hash(inputs: dict) -> str:
     return _sha(canonical_json(inputs).encode())
 
 
-_WHAT = {"notebook": "the notebook changed", "params": "its parameters changed",
-         "library": "the library code changed", "profile": "another profile"}
+_WHAT = {"notebook": "the notebook changed", "params": "its parameters changed", "profile": "another profile",
+         "environment": "the environment changed"}
+LOCK_FILE = "requirements.lock"
+
+
+def environment_hash() -> str:
+    """SHA-256 of the environment's lock file (`requirements.lock`: every package and version `make`
+    installs), so a results file graded fresh was produced with the environment the book declares."""
+    path = repo_root() / LOCK_FILE
+    return _sha(path.read_bytes()) if path.exists() else "no lock file"
 
 
 def what_changed(recorded: dict | None, current: dict) -> list[str]:
@@ -180,6 +278,14 @@ def what_changed(recorded: dict | None, current: dict) -> list[str]:
     if not recorded:
         return ["the result records no inputs (written by an older version)"]
     out = [text for key, text in _WHAT.items() if recorded.get(key) != current.get(key)]
+    old_lib, new_lib = recorded.get("library"), current.get("library")
+    if old_lib != new_lib:
+        if isinstance(old_lib, dict) and isinstance(new_lib, dict):
+            changed = sorted(m for m in set(old_lib) | set(new_lib) if old_lib.get(m) != new_lib.get(m))
+            shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+            out.append(f"the library code changed ({shown})")
+        else:
+            out.append("the library code changed")
     old_up, new_up = recorded.get("upstream") or {}, current.get("upstream") or {}
     old_files, new_files = recorded.get("files") or {}, current.get("files") or {}
     out += [f"the file {n} names changed" for n in sorted(set(old_files) | set(new_files))

@@ -22,8 +22,9 @@ import socket
 import tempfile
 from pathlib import Path
 
-from . import settings
-from .build import BuildError
+from . import execute, settings
+from .execute import BuildError
+from .training.chunks import train_part_if_free, use_scheduler
 
 ADDRESS_ENV = "CIRCUITBOOK_RAY_ADDRESS"  # set for a notebook's kernel by a Ray build
 RESOURCES_ENV = "CIRCUITBOOK_RAY_RESOURCES"  # JSON: the resources of that notebook's tasks
@@ -41,7 +42,7 @@ class ClusterError(BuildError):
 
 def active() -> bool:
     """True in a process that a Ray build asked to send work to the cluster."""
-    return bool(os.environ.get(ADDRESS_ENV))
+    return settings.ray_build()
 
 
 def _ray():
@@ -137,29 +138,42 @@ class RemoteParts:
                 pass
 
 
-def submit_parts(spec, bounds) -> RemoteParts:
-    from .train import train_part_if_free
+class RayParts:
+    """The part scheduler of a notebook that a Ray build executes (`training.chunks.use_scheduler`): every
+    part of a split run is also offered to the cluster as a task, and the cluster's free slots count as
+    workers when the chunk size is chosen."""
 
-    ray = _join_from_env()
-    task = ray.remote(train_part_if_free).options(**ray_options(task_resources()), max_retries=3)
-    return RemoteParts([task.remote(spec, lo, hi) for lo, hi in bounds])
+    task_overhead_s = TASK_OVERHEAD_S
+
+    def workers(self) -> int:
+        return worker_slots()
+
+    def submit(self, spec, bounds) -> RemoteParts:
+        ray = _join_from_env()
+        task = ray.remote(train_part_if_free).options(**ray_options(task_resources()), max_retries=3)
+        return RemoteParts([task.remote(spec, lo, hi) for lo, hi in bounds])
+
+
+def install_part_scheduler() -> None:
+    """In a process that a Ray build asked to send work to the cluster ($CIRCUITBOOK_RAY_ADDRESS), make
+    `train()` offer the parts of split runs to it (called by `load_params`)."""
+    if active():
+        use_scheduler(RayParts())
 
 
 # ---------------------------------------------------------------- notebooks as tasks
 
 def _execute_task(nb, profile: str, label: str, env: dict) -> dict:
     """Run on a node: execute one notebook with papermill; return its executed bytes and seconds."""
-    from . import build
-
     saved = dict(os.environ)
     os.environ.update(env)
     try:
         with tempfile.TemporaryDirectory(prefix="circuitbook-nb-") as tmp:
             dest = Path(tmp) / Path(nb.path).name
             try:
-                seconds = build.execute(nb, profile, dest, log=lambda m: None, label=label)
+                seconds = execute.execute(nb, profile, dest, log=lambda m: None, label=label)
                 return {"ok": True, "seconds": seconds, "notebook": dest.read_bytes(), "node": socket.gethostname()}
-            except build.BuildError as e:
+            except execute.BuildError as e:
                 return {"ok": False, "error": str(e), "notebook": dest.read_bytes() if dest.exists() else None}
     finally:
         os.environ.clear()
@@ -178,8 +192,7 @@ def execute_notebooks(todo: list, profile: str, address: str, resources_of, on_d
     total, started = len(todo), 0
     try:
         while pending or running:
-            for nb in [nb for nb in pending if all(f"{nb.chapter}/{n}" not in waiting_on or f"{nb.chapter}/{n}" in done
-                                                    for n in nb.needs)]:
+            for nb in [nb for nb in pending if all(n not in waiting_on or n in done for n in nb.needs)]:
                 resources = resources_of(nb)
                 env = {**base_env, RESOURCES_ENV: json.dumps(resources)}
                 ref = task.options(**ray_options(resources), max_retries=2).remote(nb, profile, profile, env)

@@ -16,6 +16,7 @@ import os
 import time
 from pathlib import Path
 
+from . import log
 from .runs import DamagedRunError, atomic_write_json, canonical_json, read_json, runs_root
 from .settings import check_label
 
@@ -52,6 +53,11 @@ def executed_notebook_path(chapter: str, notebook: str, label: str) -> Path:
     return runs_root() / "executed" / check_label(label) / notebook_source(chapter, notebook)
 
 
+def log_path(chapter: str, notebook: str, label: str) -> Path:
+    """The log of a notebook's executions under `label` (what the library said while it ran)."""
+    return runs_root() / "logs" / check_label(label) / chapter / f"{notebook}.log"
+
+
 def results_digest(data: dict) -> str:
     """SHA-256 of a results record as written (canonical JSON): the executed notebook carries it, so a
     results file edited after the execution no longer matches the notebook that produced it."""
@@ -70,6 +76,9 @@ def begin(params) -> None:
         "input_hash": book.inputs_hash(inputs), "execution": os.environ.get(EXECUTION_ENV, ""),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "status": "running", "values": {},
     }
+    if _current["execution"]:  # executed by the build: the library's lines go to the log, not the page
+        log.to_file(log_path(params.chapter, params.notebook, label))
+        log.info(f"{params.chapter}/{params.notebook} at {label}, execution {_current['execution'][:8]}")
     _write()
 
 

@@ -10,7 +10,8 @@ Each chapter folder (and `book/` for the tour) has a `profiles.yml`:
     full: {...}            # the paper's scale, one GPU
     notebooks:
       02_training:
-        needs: [01_task]   # notebooks whose runs this one reads (build order, cache keys)
+        needs: [01_task]   # notebooks whose runs this one reads (build order, cache keys); another
+                           # chapter's as assign_add/02_training
         parameters: {...}  # knobs only this notebook has
         defaults: {...}
         smoke: {...}       # per-notebook, per-profile values
@@ -366,12 +367,20 @@ def _notebook_section(data: dict, chapter: str, notebook: str) -> dict:
 
 
 def needs(chapter: str, notebook: str) -> list[str]:
-    out = list(_notebook_section(load_profiles(chapter), chapter, notebook).get("needs") or [])
-    known = notebooks(chapter)
-    bad = [n for n in out if n not in known]
-    if bad:
-        raise ParameterError(f"{chapter}/profiles.yml: notebooks.{notebook}.needs {bad} are not notebooks of the "
-                             f"chapter; notebooks: {', '.join(known)}")
+    """The notebooks whose runs this one reads, as `chapter/notebook` labels: `needs:` names a notebook of
+    the same chapter (`02_training`) or of another (`assign_add/02_training`)."""
+    out = []
+    for need in _notebook_section(load_profiles(chapter), chapter, notebook).get("needs") or []:
+        other, _, name = str(need).rpartition("/")
+        other = other or chapter
+        where = f"{chapter}/profiles.yml: notebooks.{notebook}.needs"
+        if other not in chapters():
+            raise ParameterError(f"{where}: {need!r} names chapter {other!r}, which is not a chapter; chapters: "
+                                 f"{', '.join(chapters())}")
+        if name not in notebooks(other):
+            raise ParameterError(f"{where}: {need!r} is not a notebook of chapter {other!r}; notebooks: "
+                                 f"{', '.join(notebooks(other))}")
+        out.append(f"{other}/{name}")
     return out
 
 
@@ -520,21 +529,6 @@ def _file_digest(path: Path) -> str:
                 h.update(block)
         _digests[key] = f"sha256:{h.hexdigest()}:{st.st_size}"
     return _digests[key]
-
-
-def load_params(chapter: str, notebook: str, profile: str, **overrides) -> Params:
-    """Resolve and validate a notebook's parameters and make it the current context.
-
-    Called in each notebook right after its `parameters` cell; `record()` then
-    knows which chapter, notebook and profile its values belong to.
-    """
-    from . import context, plotting, settings
-
-    settings.check_environment()  # a kernel started by plain papermill checks them here
-    params = resolve(chapter, notebook, profile, overrides)
-    context.begin(params)
-    plotting.use_style()
-    return params
 
 
 def table(chapter: str, notebook: str | None = None) -> list[dict]:

@@ -27,8 +27,9 @@ import torch
 from . import params
 from .build import fmt_seconds
 from .book import book_notebooks
-from .train import (PlannedRun, RunSpec, best_chunk, calibrate, chunk_candidates,
-                    count_parameters, default_device, device_name, planning, step_flops)
+from .training import (PlannedRun, RunSpec, best_chunk, calibrate, chunk_candidates, count_parameters,
+                       default_device, device_name, step_flops)
+from .training.planning import planning
 
 
 def _tour(cfg):
@@ -91,7 +92,7 @@ def _ac_delay_law(cfg):
 def _lt_main(name):
     def calls(cfg):
         from .experiments import leading_terms as el
-        from .train import train as train_run
+        from .training import train as train_run
 
         # main_run's evaluation callback needs the first-batch statistics, minutes of work at full
         # (vocabulary 3000): the plan sizes the same model, task and schedule without them, so the key
@@ -387,8 +388,8 @@ def groups(plans: list[NotebookPlan], profile: str) -> list[Group]:
     for p in plans:
         chapter, name = p.label.split("/", 1)
         for need in params.needs(chapter, name):
-            if f"{chapter}/{need}" in label_of:
-                join(p.label, f"{chapter}/{need}")
+            if need in label_of:
+                join(p.label, need)
         for c in p.runs:
             ident = (c.run.dir.name, c.run.key)
             if ident in owner:

@@ -186,3 +186,12 @@ def _float(v: float, digits: int) -> str:
     if float(v).is_integer() and abs(v) >= 100:
         return f"{int(v):,}"
     return f"{v:.{digits}f}"
+
+
+def show_code(*functions):
+    """The source of library functions as a code block: a page shows the code that ran, never a copy of it."""
+    import inspect
+
+    from IPython.display import Code
+
+    return Code("\n\n".join(inspect.getsource(f).rstrip() for f in functions), language="python")

@@ -32,6 +32,8 @@ from typing import Any, Iterable
 import torch
 from safetensors.torch import load, save_file
 
+from . import log
+
 RUNS_ENV = "CIRCUITBOOK_RUNS"
 ROOT_ENV = "CIRCUITBOOK_ROOT"
 MANIFEST = "manifest.json"
@@ -89,25 +91,59 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-CORE_SOURCES = ("models/toy.py", "train.py", "tasks/base.py")
+CORE_SOURCES = ("training/config.py", "training/ensemble.py", "training/loop.py", "tasks/base.py")
 
 
-def code_version(objects: Iterable = ()) -> str:
-    """Hash of the library sources that determine what a training run computes.
+def code_version(objects: Iterable = (), root: Path | None = None) -> str:
+    """Hash of the library code that determines what a training run computes.
 
-    The core (the model, the training loop, the batch protocol) plus the
-    modules that define `objects` (the task, the evaluation callback, ...)
-    when they live in this package. Other modules are left out on purpose:
-    adding a chapter's task or editing a figure must not retrain every model.
+    The training core (`CORE_SOURCES`: the config, the ensemble and its step, the loop, the batch
+    protocol) plus the modules that define `objects` (the model's class, the task, the evaluation
+    callback, the init function) when they live in this package. Nothing else: how a run is chunked,
+    planned, scheduled or read back, and every other module, leave its key alone. Each file enters
+    through `source_digest`, so comments and docstrings do not count either. `root`: another copy
+    of the package (a test edits one).
     """
-    files = {PACKAGE_DIR / rel for rel in CORE_SOURCES}
+    root = Path(root) if root is not None else PACKAGE_DIR
+    files = {rel for rel in CORE_SOURCES}
     for obj in objects:
-        files.update(_package_sources(obj))
+        files.update(p.relative_to(PACKAGE_DIR).as_posix() for p in _package_sources(obj))
     h = hashlib.sha256()
-    for f in sorted(files):
-        h.update(f.relative_to(PACKAGE_DIR).as_posix().encode())
-        h.update(f.read_bytes())
+    for rel in sorted(files):
+        h.update(rel.encode())
+        h.update(source_digest(root / rel).encode())
     return h.hexdigest()[:16]
+
+
+def source_digest(path: Path) -> str:
+    """SHA-256 of a Python file's code: its text without comments, docstrings and blank lines, so
+    editing an explanation never changes a key. Read by `ast` line numbers and `tokenize` comments,
+    which are the same across Python versions (the run keys of a GPU machine match this one's)."""
+    import ast
+    import io
+    import tokenize
+
+    text = Path(path).read_text()
+    lines = text.splitlines()
+    drop: set[int] = set()
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            drop.update(range(body[0].lineno - 1, body[0].end_lineno))
+    cut: dict[int, int] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            cut[tok.start[0] - 1] = tok.start[1]
+    kept = []
+    for i, line in enumerate(lines):
+        if i in drop:
+            continue
+        line = line[:cut[i]] if i in cut else line
+        if line.strip():
+            kept.append(line.rstrip())
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()
 
 
 def _package_sources(obj) -> set[Path]:
@@ -428,8 +464,8 @@ class LeaseLock:
         for _, old in gens:
             with contextlib.suppress(FileNotFoundError):
                 old.unlink()
-        print(f"[circuitbook] lock {self.path.name}: its holder ({holder.get('host', '?')}, pid "
-              f"{holder.get('pid', '?')}) is gone; taken over", flush=True)
+        log.info(f"lock {self.path.name}: its holder ({holder.get('host', '?')}, pid {holder.get('pid', '?')}) "
+                 "is gone; taken over")
         return self._start()
 
     def acquire(self, timeout: float | None = None, poll: float = 0.2) -> None:
@@ -438,7 +474,7 @@ class LeaseLock:
         said = False
         while not self.try_acquire(watch):
             if not said:
-                print(f"waiting for {self.path}: {self._describe_holder()}", flush=True)
+                log.info(f"waiting for {self.path.name}: {self._describe_holder()}")
                 said = True
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"lock {self.path} is held by another process")
@@ -551,8 +587,8 @@ class Store:
             return True
         if rundir.manifest_path.exists():
             how = rundir.reopen_damaged()
-            warnings.warn(f"run {rundir.path} is damaged: {why}; {how}", stacklevel=3)
-            print(f"[circuitbook] run {rundir.path} is damaged: {why}; {how}", flush=True)
+            warnings.warn(f"run {rundir.name} ({rundir.key[:8]}) is damaged: {why}; {how}", stacklevel=3)
+            log.info(f"run {rundir.name} ({rundir.key[:8]}) is damaged: {why}; {how}")
         return False
 
 

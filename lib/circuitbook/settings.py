@@ -152,6 +152,11 @@ def check_environment(environ=None) -> None:
             env[name] = checked
 
 
+def ray_build() -> bool:
+    """True in a process that a Ray build asked to send work to the cluster."""
+    return bool(os.environ.get("CIRCUITBOOK_RAY_ADDRESS"))
+
+
 # ---------------------------------------------------------------- results labels
 
 def check_label(label: str) -> str:

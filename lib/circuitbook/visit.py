@@ -182,7 +182,7 @@ def visit(a) -> int:
 def run_groups(profile: str, until: float, chapters: list[str] | None, summary_path: Path) -> int:
     """Plan, choose and execute groups of notebooks before `until`; the summary is rewritten after each notebook.
     The notebooks' `train()` starts no run after `until` ($CIRCUITBOOK_DEADLINE, set only while this runs)."""
-    from .train import DEADLINE_ENV
+    from .training.runner import DEADLINE_ENV
 
     before = os.environ.get(DEADLINE_ENV)
     try:
@@ -197,7 +197,7 @@ def run_groups(profile: str, until: float, chapters: list[str] | None, summary_p
 def _run_groups(profile: str, until: float, chapters: list[str] | None, summary_path: Path) -> int:
     from . import build, plan
     from .book import book_notebooks, compute_hashes
-    from .train import DEADLINE_ENV
+    from .training.runner import DEADLINE_ENV
 
     t0 = time.time()
     summary_path.write_text(json.dumps({"profile": profile, "status": "planning", "groups": [], "skipped": []}) + "\n")

@@ -59,8 +59,8 @@ from ..models.toy import ToyConfig, ToyTransformer
 from ..tasks.base import Batch
 from ..tasks.markov import MarkovChain, MarkovSequences, next_token_accuracy
 from ..tasks.modular import ModularAddition
-from ..train import Run, TrainConfig, pool_accuracy
-from ..train import train as _train
+from ..training import Run, TrainConfig, pool_accuracy
+from ..training import train as _train
 
 
 def set_threads(n: int | None) -> int:

@@ -45,8 +45,8 @@ from ..runs import atomic_write_json, read_json, runs_root
 from ..tasks.assign_add import (N_VARS, NOT_LEFT, NOT_RIGHT, PAIR_SPLITS, PREFIX_LEN, SEQ_LEN, TWO_VAR_LEFT,
                                 TWO_VAR_RIGHT, AssignAddTask)
 from ..tasks.base import Batch
-from ..train import Ensemble, Run, TrainConfig, _tensor_digest, pool_accuracy
-from ..train import train as _train_run
+from ..training import Ensemble, Run, TrainConfig, pool_accuracy, tensor_digest as _tensor_digest
+from ..training import train as _train_run
 
 MEASURES_VERSION = 3  # bump when ProgressEvaluator's measures change meaning (it is part of the run key)
 VAR_POOLS = ("one_var_train", "two_var_train")  # "variable accuracy": training pairs and positions

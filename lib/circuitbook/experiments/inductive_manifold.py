@@ -35,7 +35,8 @@ import torch
 from ..analysis import curves, imir
 from ..tasks.base import Batch, FixedDataset, derive_seed
 from ..tasks.blocklist import KINDS, BlockListTask, rejection_rate, symmetry_test
-from ..train import Run, TrainConfig, _tensor_digest, default_device, train
+from ..training import Run, TrainConfig, default_device, train
+from ..training import tensor_digest as _tensor_digest
 
 
 def set_threads(n: int | None) -> int:

@@ -33,9 +33,7 @@ keeps the paper's s * eta by raising eta (see profiles.yml).
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
-import random
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -47,8 +45,8 @@ from ..analysis import leading_terms as lt
 from ..models.onehot import OneHotConfig, OneHotTransformer
 from ..tasks import corpus as corpus_lib
 from ..tasks.base import derive_seed
-from ..train import Run, TrainConfig
-from ..train import train as _train
+from ..training import Run, TrainConfig
+from ..training import train as _train
 
 CHAPTER = "leading_terms"
 PAPER_STEPS_PER_EPOCH = 65536 // 2048  # 32: the paper's SGD steps per epoch

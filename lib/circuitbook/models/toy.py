@@ -10,7 +10,7 @@ The forward pass has no data-dependent Python control flow, so it runs under
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn

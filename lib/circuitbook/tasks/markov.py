@@ -119,7 +119,7 @@ def next_token_accuracy(pools: dict[str, Batch], prefix: str = "acc_"):
 
     It lives beside the task so that a run's key depends on this module, not on the chapter's analysis code.
     """
-    from ..train import _tensor_digest
+    from ..training.evaluate import tensor_digest as _tensor_digest
 
     @torch.no_grad()
     def evaluate(ens, step: int) -> dict:

@@ -1,0 +1,54 @@
+"""Where training runs: the device (argument, $CIRCUITBOOK_DEVICE, CUDA when available, else CPU) and
+its name for messages. Never part of a run's key: a run has the same numbers (to float rounding) on any
+device."""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+# cuBLAS reproduces its results only with a fixed workspace; it must be set before the first cuBLAS call of the
+# process, hence here, on import (CPU training ignores it). See device_policy.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def default_device(device: str | None = None) -> torch.device:
+    """The device to train on: the argument, $CIRCUITBOOK_DEVICE, CUDA if available, else CPU."""
+    choice = device or os.environ.get("CIRCUITBOOK_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(choice)
+    except RuntimeError as e:
+        raise ValueError(f"device {choice!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {e}") from None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+@contextlib.contextmanager
+def device_policy(device: torch.device):
+    """What training on `device` fixes about its arithmetic, the same for every chapter.
+
+    fp32 matrix products run in full fp32 (`set_float32_matmul_precision("highest")`: no TF32 on a
+    GPU), so a run trained on CUDA matches the same run on a CPU to float rounding (tests/test_cuda.py
+    states the tolerances). On CUDA, deterministic algorithms are switched on (warn_only): the
+    scatter-adds in the backward of gathers, index_select and embeddings, which are atomic adds in an
+    arbitrary order otherwise, take their deterministic implementations, so a resumed or repeated CUDA
+    run ends with the same numbers as its uninterrupted self; an op with no deterministic implementation
+    warns instead of failing. The previous settings are restored on exit. A CPU is deterministic as it is.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.get_float32_matmul_precision())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.set_float32_matmul_precision(before[2])

@@ -1,0 +1,83 @@
+"""A run's key covers the code that computes it and nothing else (issue "The house").
+
+Each case edits a copy of the package and asks `runs.code_version` for the key of the same run's code.
+"""
+import shutil
+
+import pytest
+
+import circuitbook as cb
+from circuitbook import runs
+from circuitbook.tasks.modular import ModularAddition
+from circuitbook.training import pool_accuracy
+
+TASK = ModularAddition(p=7, train_fraction=0.5)
+OBJECTS = [TASK, pool_accuracy({"test": TASK.test}),
+           cb.ToyConfig(d_vocab=8, n_ctx=3, d_model=8, n_layers=1, n_heads=1, d_mlp=8, d_vocab_out=7)]
+
+
+@pytest.fixture
+def package(tmp_path):
+    copy = tmp_path / "circuitbook"
+    shutil.copytree(runs.PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def _edit(path, old, new):
+    text = path.read_text()
+    assert old in text, f"{path.name} no longer holds {old!r}: update the test"
+    path.write_text(text.replace(old, new, 1))
+
+
+def key(package):
+    return runs.code_version(OBJECTS, root=package)
+
+
+NOT_IN_THE_KEY = [
+    ("training/chunks.py", "SEQUENTIAL_MARGIN = 0.10", "SEQUENTIAL_MARGIN = 0.25"),
+    ("training/planning.py", "def count_parameters(", "def _unused():\n    return 1\n\n\ndef count_parameters("),
+    ("training/run.py", "return [self.model(k, step) for k in range(self.n_members)]",
+     "return list(self.model(k, step) for k in range(self.n_members))"),
+    ("training/device.py", '"cuda" if torch.cuda.is_available() else "cpu"', '"cpu" if not torch.cuda.is_available() else "cuda"'),
+    ("analysis/ace.py", '"""', '"""Edited docstring.\n\n'),
+    ("cluster.py", "CONNECT_TIMEOUT_S = 5.0", "CONNECT_TIMEOUT_S = 9.0"),
+    # the key's own modules: explanations are not code
+    ("training/loop.py", '"""The training loop:', '"""The training loop (edited):'),
+    ("training/ensemble.py", "    opt.zero_grad()\n", "    opt.zero_grad()  # a new comment\n\n\n"),
+]
+IN_THE_KEY = [
+    ("training/loop.py", "step += 1\n", "step += 1\n            _ = None\n"),
+    ("training/ensemble.py", "p.mul_(1 - lr * wd)", "p.mul_(1.0 - lr * wd)"),
+    ("training/config.py", "eps: float = 1e-8", "eps: float = 1e-7"),
+    ("tasks/base.py", "IGNORE_INDEX = -100", "IGNORE_INDEX = -99"),
+    ("tasks/modular.py", "class ModularAddition", "X = 1\n\n\nclass ModularAddition"),  # the task's module
+    ("training/evaluate.py", "CHUNK = 2048", "CHUNK = 1024"),  # the evaluator's module
+    ("models/toy.py", "class LayerNorm(nn.Module):", "Y = 2\n\n\nclass LayerNorm(nn.Module):"),  # the model's module
+]
+
+
+@pytest.mark.parametrize("rel, old, new", NOT_IN_THE_KEY, ids=[f"{r}:{o[:20]}" for r, o, _ in NOT_IN_THE_KEY])
+def test_editing_what_does_not_compute_the_run_keeps_its_key(package, rel, old, new):
+    before = key(package)
+    _edit(package / rel, old, new)
+    assert key(package) == before
+
+
+@pytest.mark.parametrize("rel, old, new", IN_THE_KEY, ids=[f"{r}:{o[:20]}" for r, o, _ in IN_THE_KEY])
+def test_editing_the_code_that_computes_the_run_changes_its_key(package, rel, old, new):
+    before = key(package)
+    _edit(package / rel, old, new)
+    assert key(package) != before
+
+
+def test_source_digest_ignores_comments_docstrings_and_blank_lines(tmp_path):
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text('"""Module."""\n\n\ndef f(x):\n    """Doc."""\n    return x + 1  # add one\n')
+    b.write_text('"""Another text."""\ndef f(x):\n    """Other doc,\n    two lines."""\n\n    return x + 1\n')
+    c.write_text('"""Module."""\n\n\ndef f(x):\n    """Doc."""\n    return x + 2  # add one\n')
+    assert runs.source_digest(a) == runs.source_digest(b) != runs.source_digest(c)
+    d = tmp_path / "d.py"
+    d.write_text('def f():\n    x = "# not a comment"\n    return x\n')
+    e = tmp_path / "e.py"
+    e.write_text('def f():\n    x = "# not a comment, changed"\n    return x\n')
+    assert runs.source_digest(d) != runs.source_digest(e), "a '#' inside a string is code"
