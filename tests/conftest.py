@@ -38,3 +38,15 @@ def mini_book(tmp_path, monkeypatch, runs_dir):
     root = write(tmp_path / "book")
     monkeypatch.setenv("CIRCUITBOOK_ROOT", str(root))
     return root
+
+
+def run_cli(args, capsys):
+    """`circuitbook ARGS` in this process: (exit code, stdout, stderr)."""
+    from circuitbook.cli import main
+
+    try:
+        code = main(args)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

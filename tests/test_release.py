@@ -9,19 +9,10 @@ import torch
 
 import circuitbook as cb
 from circuitbook import build
-from circuitbook.cli import main
+from conftest import run_cli as cli
 
 TINY = cb.ToyConfig(d_vocab=74, n_ctx=16, d_model=16, n_layers=2, n_heads=1, d_mlp=32, mlp=(False, True),
                     bias=False, d_vocab_out=59)
-
-
-def cli(args, capsys):
-    try:
-        code = main(args)
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def synthetic_release(folder, steps=(1, 21, 41), config=TINY):

@@ -15,8 +15,8 @@ import torch
 
 import circuitbook as cb
 from circuitbook import build, claims, context
-from circuitbook.cli import main
 from circuitbook.tasks.modular import ModularAddition
+from conftest import run_cli as cli
 
 TASK = ModularAddition(p=11, train_fraction=0.5)
 MODEL = cb.ToyConfig(d_vocab=12, n_ctx=3, d_model=16, n_layers=1, n_heads=2, d_mlp=32, d_vocab_out=11)
@@ -25,15 +25,6 @@ EVAL = cb.pool_accuracy({"test": TASK.test})
 
 def quiet(_msg):
     pass
-
-
-def cli(args, capsys):
-    try:
-        code = main(args)
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 # ---------------------------------------------------------------- damaged metrics are never sealed with holes

@@ -14,22 +14,13 @@ import torch
 
 import circuitbook as cb
 from circuitbook import build, claims, context, settings
-from circuitbook.cli import main
 from circuitbook.runs import LeaseLock
 from circuitbook.tasks.modular import ModularAddition
+from conftest import run_cli as cli
 
 
 def quiet(_msg):
     pass
-
-
-def cli(args, capsys):
-    try:
-        code = main(args)
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _executing(lines):
