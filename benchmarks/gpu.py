@@ -22,7 +22,7 @@ import torch
 
 import common
 from circuitbook import plan
-from circuitbook.train import RunSpec, calibrate, default_device, device_name, step_flops
+from circuitbook.training import RunSpec, calibrate, default_device, device_name, step_flops
 
 RUNS = [("book", "tour"), ("assign_add", "02_training"), ("algorithmic_cores", "02_markov"),
         ("leading_terms", "02_training"), ("inductive_manifold", "03_two_layer")]
