@@ -50,3 +50,33 @@ def run_cli(args, capsys):
         code = e.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def kill_after_checkpoint(proc, store, pattern: str, step: int, timeout: float) -> None:
+    """SIGKILL `proc` once a checkpoint marker under `store` matching `pattern` (step_*.json) reaches `step`."""
+    import signal
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        markers = [p for p in store.glob(pattern) if not p.name.startswith("step_00000000")]
+        if any(int(p.stem[5:]) >= step for p in markers):
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+
+
+def assert_same_run(killed, clean, name: str = "t/kill"):
+    """The one run `name` of store `killed` equals that of store `clean` bit for bit (metrics and weights)."""
+    import pandas as pd
+
+    import circuitbook as cb
+
+    (a,) = [cb.Run(cb.runs.RunDir(p, name, p.name)) for p in killed.glob(f"{name}/*")]
+    (b,) = [cb.Run(cb.runs.RunDir(p, name, p.name)) for p in clean.glob(f"{name}/*")]
+    pd.testing.assert_frame_equal(a.metrics(), b.metrics(), check_exact=True)
+    for key, t in a.state().items():
+        assert torch.equal(t, b.state()[key]), key
+    return a

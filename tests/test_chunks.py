@@ -1,10 +1,8 @@
 """Runs trained in chunks of members (parts): same key, same numbers member by member, published once."""
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pandas as pd
 import pytest
@@ -16,6 +14,7 @@ from circuitbook.experiments.assign_add import MemberPoolAccuracy
 from circuitbook.tasks.modular import ModularAddition
 from circuitbook.training import (RunSpec, TrainConfig, best_chunk, choose_chunk, chunk_candidates, events,
                                split_members)
+from conftest import assert_same_run, kill_after_checkpoint
 
 TASKS = [ModularAddition(p=11, train_fraction=0.5, split_seed=s) for s in range(4)]
 MODEL = cb.ToyConfig(d_vocab=12, n_ctx=3, d_model=16, n_layers=1, n_heads=2, d_mlp=32, d_vocab_out=11)
@@ -167,14 +166,7 @@ def test_sigkill_of_a_part_then_resume_equals_uninterrupted(tmp_path, monkeypatc
         env["CIRCUITBOOK_RUNS"] = str(store)
         proc = subprocess.Popen([sys.executable, str(script)], env=env)
         if kill:
-            deadline = time.time() + 300
-            while time.time() < deadline and proc.poll() is None:
-                if any(int(p.stem[5:]) >= 40 for p in store.glob("t/kill/*/parts/members_00001_00002/ckpt/step_*.json")):
-                    proc.send_signal(signal.SIGKILL)
-                    break
-                time.sleep(0.02)
-            proc.wait()
-            assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+            kill_after_checkpoint(proc, store, "t/kill/*/parts/members_00001_00002/ckpt/step_*.json", 40, timeout=300)
             assert not list(store.glob("t/kill/*/manifest.json")), "a partial run is never published"
         else:
             assert proc.wait() == 0
@@ -183,11 +175,7 @@ def test_sigkill_of_a_part_then_resume_equals_uninterrupted(tmp_path, monkeypatc
     run(killed, kill=True)
     run(killed)
     run(clean)
-    (a,) = [cb.Run(runs.RunDir(p, "t/kill", p.name)) for p in killed.glob("t/kill/*")]
-    (b,) = [cb.Run(runs.RunDir(p, "t/kill", p.name)) for p in clean.glob("t/kill/*")]
-    pd.testing.assert_frame_equal(a.metrics(), b.metrics(), check_exact=True)
-    for name, t in a.state().items():
-        assert torch.equal(t, b.state()[name]), name
+    a = assert_same_run(killed, clean)
     kinds = [(e["part"], e["event"]) for e in events(a.dir)]
     assert kinds.count(("members_00000_00001", "finish")) == 1 and kinds.count(("members_00001_00002", "finish")) == 1
     assert ("members_00001_00002", "resume") in kinds, "the killed part resumed from its checkpoint"

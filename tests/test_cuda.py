@@ -7,7 +7,6 @@ full fp32 (no TF32), deterministic algorithms on CUDA (scatter-adds in the backw
 embeddings take their deterministic kernels), the GPU's random state in checkpoints, cosines in float64.
 """
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ from circuitbook.tasks.base import Batch, step_generator
 from circuitbook.tasks.modular import ModularAddition
 from circuitbook.training import Ensemble, RunSpec, TrainConfig, calibrate, choose_chunk, chunk_candidates
 from circuitbook.training.device import device_policy
+from conftest import assert_same_run, kill_after_checkpoint
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 TASK = ModularAddition(p=23, train_fraction=0.5)
@@ -165,15 +165,7 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path, monkeypatch,
         env["CIRCUITBOOK_RUNS"] = str(store)
         proc = subprocess.Popen([sys.executable, str(script), str(steps), device], env=env)
         if wait_for_kill:
-            deadline = time.time() + 300
-            while time.time() < deadline and proc.poll() is None:
-                markers = [p for p in store.glob("t/kill/*/ckpt/step_*.json") if not p.name.startswith("step_00000000")]
-                if any(int(p.stem[5:]) >= 40 for p in markers):
-                    proc.send_signal(signal.SIGKILL)
-                    break
-                time.sleep(0.02)
-            proc.wait()
-            assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+            kill_after_checkpoint(proc, store, "t/kill/*/ckpt/step_*.json", 40, timeout=300)
         else:
             assert proc.wait() == 0
 
@@ -181,11 +173,7 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path, monkeypatch,
     run(killed, wait_for_kill=True)
     run(killed)  # resumes
     run(clean)
-    (a,) = [cb.Run(runs.RunDir(p, "t/kill", p.name)) for p in killed.glob("t/kill/*")]
-    (b,) = [cb.Run(runs.RunDir(p, "t/kill", p.name)) for p in clean.glob("t/kill/*")]
-    pd.testing.assert_frame_equal(a.metrics(), b.metrics(), check_exact=True)
-    for name, t in a.state().items():
-        assert torch.equal(t, b.state()[name]), name
+    assert_same_run(killed, clean)
 
 
 def test_device_policy_on_cuda_and_its_restoration():

@@ -1,10 +1,8 @@
 """The training loop: ensembles equal separate runs, per-member settings, resume, forks."""
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pandas as pd
 import pytest
@@ -14,6 +12,7 @@ import circuitbook as cb
 from circuitbook.tasks.base import FixedDataset
 from circuitbook.tasks.modular import ModularAddition
 from circuitbook.training import Optimizer, TrainConfig, per_member_loss
+from conftest import assert_same_run, kill_after_checkpoint
 
 TASK = ModularAddition(p=11, train_fraction=0.5)
 MODEL = cb.ToyConfig(d_vocab=12, n_ctx=3, d_model=16, n_layers=1, n_heads=2, d_mlp=32, d_vocab_out=11)
@@ -164,15 +163,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, monkeypatch):
         env["CIRCUITBOOK_RUNS"] = str(store)
         proc = subprocess.Popen([sys.executable, str(script), str(steps)], env=env)
         if wait_for_kill:
-            deadline = time.time() + 120
-            while time.time() < deadline and proc.poll() is None:
-                markers = [p for p in store.glob("t/kill/*/ckpt/step_*.json") if not p.name.startswith("step_00000000")]
-                if any(int(p.stem[5:]) >= 40 for p in markers):
-                    proc.send_signal(signal.SIGKILL)
-                    break
-                time.sleep(0.02)
-            proc.wait()
-            assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+            kill_after_checkpoint(proc, store, "t/kill/*/ckpt/step_*.json", 40, timeout=120)
             assert not list(store.glob("t/kill/*/manifest.json"))
         else:
             assert proc.wait() == 0
@@ -182,11 +173,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, monkeypatch):
     run(killed)  # resumes
     run(clean)
     monkeypatch.setenv("CIRCUITBOOK_RUNS", str(killed))
-    (a,) = [cb.Run(cb.runs.RunDir(p, "t/kill", p.name)) for p in killed.glob("t/kill/*")]
-    (b,) = [cb.Run(cb.runs.RunDir(p, "t/kill", p.name)) for p in clean.glob("t/kill/*")]
-    pd.testing.assert_frame_equal(a.metrics(), b.metrics(), check_exact=True)
-    for name, t in a.state().items():
-        assert torch.equal(t, b.state()[name]), name
+    a = assert_same_run(killed, clean)
     assert a.metrics().step.max() == steps and a.metrics().groupby(["step", "member"]).size().max() == 1
 
 
