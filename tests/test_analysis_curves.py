@@ -100,3 +100,20 @@ def test_fit_power_law_on_two_points_has_an_exponent_but_no_interval():
     assert curves.fit_power_law_or_none([2, 2], [1, 3], min_points=2) is None  # one x: no slope
     assert curves.fit_power_law_or_none([2, 4, 8], [1, float("nan"), 0.0], min_points=2) is None
 
+
+
+def test_crossing_step_without_interpolation_is_the_first_evaluated_step_at_the_level():
+    assert curves.crossing_step([0, 100, 200], [0.0, 0.5, 1.0], 0.75, interpolate=False) == 200
+    assert curves.crossing_step([200, 0, 100], [1.0, 0.0, 0.995], 0.99, interpolate=False) == 100
+    assert curves.crossing_step([0, 100], [0.95, 1.0], 0.9, interpolate=False) == 0
+    assert math.isnan(curves.crossing_step([0, 100], [0.1, float("nan")], 0.9, interpolate=False))
+
+
+def test_member_crossings_reads_each_member_alone():
+    import pandas as pd
+
+    m = pd.DataFrame({"step": [0, 10, 20] * 2, "member": [0] * 3 + [1] * 3,
+                      "acc": [0.0, 0.5, 1.0, 0.0, 0.0, 0.2]})
+    t = curves.member_crossings(m, "acc", 0.75)
+    assert t[0] == pytest.approx(15) and math.isnan(t[1])
+    assert curves.member_crossings(m, "acc", 0.75, interpolate=False)[0] == 20

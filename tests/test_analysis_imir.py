@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from circuitbook.analysis import imir
+from circuitbook.models.imir import IMIRConfig, IMIRModel
 from circuitbook.tasks.blocklist import BlockListTask
 
 
@@ -120,7 +121,7 @@ def test_restricted_model_computes_the_same_function(n_layers):
     basis = imir.IMIRBasis.concatenated(lay, n_layers, 1)
     theta = basis.random_point(n_layers, 0.5)
     model = imir.theory_model(lay, n_layers, 1, coords=theta)
-    rm = imir.IMIRConfig(lay.token_classes, lay.association, lay.seq_len, n_layers=n_layers).build(0).double()
+    rm = IMIRConfig(lay.token_classes, lay.association, lay.seq_len, n_layers=n_layers).build(0).double()
     with torch.no_grad():
         rm.phi.copy_(theta * basis.coordinate_norms())  # phi is in units of unit directions
     assert torch.allclose(rm.theta(), theta, atol=1e-12)
@@ -133,8 +134,8 @@ def test_restricted_directions_and_config_round_trip(layout):
     basis = imir.IMIRBasis.concatenated(layout, 2, 1)
     dirs = imir.two_layer_directions(basis)
     assert set(dirs) == {"alpha", "beta", "gamma", "delta"}
-    cfg = imir.IMIRConfig.with_directions(layout, dirs, init=(("gamma", 0.5),))
-    assert imir.IMIRConfig.from_dict(cfg.to_dict()) == cfg
+    cfg = IMIRConfig.with_directions(layout, dirs, init=(("gamma", 0.5),))
+    assert IMIRConfig.from_dict(cfg.to_dict()) == cfg
     m = cfg.build(seed=0)
     assert m.direction_names == ["alpha", "beta", "gamma", "delta"] and m.trainable_names() == ["phi"]
     assert m.phi.tolist() == [0.0, 0.0, 0.5, 0.0]
@@ -142,11 +143,11 @@ def test_restricted_directions_and_config_round_trip(layout):
     W = basis.weights(m.theta().detach().double())
     assert basis.direction_value(W, dirs["gamma"]) == pytest.approx(0.5, abs=1e-6)
     with pytest.raises(ValueError, match="not directions"):
-        imir.IMIRConfig.with_directions(layout, dirs, init=(("epsilon", 1.0),))
+        IMIRConfig.with_directions(layout, dirs, init=(("epsilon", 1.0),))
     with pytest.raises(ValueError, match="unknown IMIRConfig fields"):
-        imir.IMIRConfig.from_dict({**cfg.to_dict(), "width": 3})
+        IMIRConfig.from_dict({**cfg.to_dict(), "width": 3})
     with pytest.raises(ValueError, match="unknown coordinate"):
-        imir.IMIRConfig.with_directions(layout, {"x": {"L1H0|emb|emb|pos99": 1.0}}).build(0)
+        IMIRConfig.with_directions(layout, {"x": {"L1H0|emb|emb|pos99": 1.0}}).build(0)
 
 
 def test_restricted_model_trains_in_the_ensemble_loop(runs_dir, layout):
@@ -154,11 +155,11 @@ def test_restricted_model_trains_in_the_ensemble_loop(runs_dir, layout):
 
     t = small_task(f_v=0.5)
     basis = imir.IMIRBasis.concatenated(layout, 2, 1)
-    cfg = imir.IMIRConfig.with_directions(layout, imir.two_layer_directions(basis))
+    cfg = IMIRConfig.with_directions(layout, imir.two_layer_directions(basis))
     run = cb.train("test/imir", cfg, t, cb.TrainConfig(steps=20, batch_size=64, seeds=(0, 1), lr=0.5, optimizer="sgd",
                                                         eval_every=10, log_checkpoints=0))
     m = run.model(member=1)
-    assert isinstance(m, imir.IMIRModel) and m.phi.abs().sum() > 0
+    assert isinstance(m, IMIRModel) and m.phi.abs().sum() > 0
     loss = run.metrics().groupby("step").train_loss.mean()
     assert loss.iloc[-1] < math.log(t.n_tokens) - 0.05  # below the zero-init loss log V
 
@@ -258,7 +259,7 @@ def test_restricted_gradient_is_the_projected_full_gradient():
     lay = imir.Layout.from_task(t)
     basis = imir.IMIRBasis.concatenated(lay, 2, 1)
     dirs = imir.two_layer_directions(basis)
-    rm = imir.IMIRConfig.with_directions(lay, dirs, init=(("alpha", 0.3), ("beta", -0.2), ("gamma", 0.5),
+    rm = IMIRConfig.with_directions(lay, dirs, init=(("alpha", 0.3), ("beta", -0.2), ("gamma", 0.5),
                                                           ("delta", 0.7))).build(0).double()
     full = imir.theory_model(lay, 2, 1, coords=rm.theta().detach())
     s = t.sample(256, seed=0)
@@ -287,3 +288,16 @@ def test_mse_loss_on_label_embeddings():
     basis = imir.IMIRBasis.concatenated(lay, 2, 1)
     model = imir.theory_model(lay, 2, 1, coords=basis.random_point(4, 0.5))
     assert imir.outside_fraction(basis, imir.expected_gradient(model, t, loss="mse")) < 1e-8
+
+
+def test_a_stored_imir_config_is_rebuilt_without_importing_its_module_first():
+    """Run.model() on an IMIR run works in a fresh process that imported only the registry."""
+    import subprocess
+    import sys
+
+    stored = {"kind": "IMIRConfig", **IMIRConfig(tuple([0] * 4), (1, 0, 3, 2), 3).to_dict()}
+    code = ("import sys\nfrom circuitbook.models.registry import config_from_dict\n"
+            "assert 'circuitbook.models.imir' not in sys.modules\n"
+            f"print(type(config_from_dict({stored!r}).build(0)).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "IMIRModel"

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from circuitbook.analysis import imir
+from circuitbook.models.imir import IMIRConfig
 from circuitbook.experiments import inductive_manifold as im
 from circuitbook.tasks.blocklist import BlockListTask
 
@@ -50,7 +51,7 @@ def test_learned_delta_and_the_suppression_law_at_its_ends():
     task = im.recall_task(8, 2, f_v=0.0, f_r=0.0, n_rare=8)
     layout = imir.Layout.from_task(task)
     basis = imir.IMIRBasis.concatenated(layout, 2, 1)
-    model = imir.IMIRConfig.with_directions(layout, imir.two_layer_directions(basis)).build(0).double()
+    model = IMIRConfig.with_directions(layout, imir.two_layer_directions(basis)).build(0).double()
     d = im.learned_delta(model, task, "mse")
     # the delta direction is unit-norm R_C; the least-squares value undoes the normalisation: ||C P_c||_F
     assert d == pytest.approx(math.sqrt(2 * 8 - 1), rel=1e-9)
@@ -167,7 +168,7 @@ def test_init_table_and_three_layer_directions():
     basis = imir.IMIRBasis.concatenated(layout, 3, 1)
     dirs = im.three_layer_directions(basis)
     assert set(dirs) == {d for c in im.CIRCUITS.values() for d in c}
-    model = imir.IMIRConfig.with_directions(layout, dirs, n_layers=3).build(0)
+    model = IMIRConfig.with_directions(layout, dirs, n_layers=3).build(0)
     im.InitTable({5: {"alpha2": 1.5, "gamma3": 0.25}})(model, 5)
     assert model.phi[model.direction_names.index("alpha2")].item() == 1.5 and model.phi.sum().item() == 1.75
     with pytest.raises(ValueError, match="no initial values"):
@@ -221,7 +222,7 @@ def test_probe_reads_the_same_values_from_both_model_kinds():
     layout = imir.Layout.from_task(task)
     basis = imir.IMIRBasis.concatenated(layout, 2, 1)
     dirs = imir.two_layer_directions(basis)
-    cfg_r = imir.IMIRConfig.with_directions(layout, dirs, init=(("alpha", 0.5), ("beta", 1.5), ("gamma", 2.0),
+    cfg_r = IMIRConfig.with_directions(layout, dirs, init=(("alpha", 0.5), ("beta", 1.5), ("gamma", 2.0),
                                                                 ("delta", -1.0)))
     ens_r = Ensemble(cfg_r, [0])
     theta = ens_r.member(0).theta().detach().double()
@@ -256,7 +257,7 @@ def test_bad_arguments_are_refused():
     task = im.recall_task(4, 2, f_v=0.5)
     layout = imir.Layout.from_task(task)
     basis = imir.IMIRBasis.concatenated(layout, 2, 1)
-    model = imir.IMIRConfig.with_directions(layout, imir.two_layer_directions(basis)).build(0)
+    model = IMIRConfig.with_directions(layout, imir.two_layer_directions(basis)).build(0)
     with pytest.raises(ValueError, match="direction"):
         im.icl_gradient(model, task, 16, 0, icl=("epsilon",))
     with pytest.raises(ValueError, match="loss"):
@@ -271,7 +272,7 @@ def test_circuit_probe_matches_member_by_member_ablation():
     task = im.recall_task(8, 2, f_v=1.0)
     layout = imir.Layout.from_task(task)
     dirs = im.three_layer_directions(imir.IMIRBasis.concatenated(layout, 3, 1))
-    cfg = imir.IMIRConfig.with_directions(layout, dirs, n_layers=3)
+    cfg = IMIRConfig.with_directions(layout, dirs, n_layers=3)
     table = {0: {"alpha1": 12.0, "beta12": 14.0, "gamma2": 25.0}, 1: {"alpha2": 12.0, "beta23": 14.0, "gamma3": 25.0}}
     ens = Ensemble(cfg, [0, 1], im.InitTable(table))
     pool = task.batch(task.sample(128, seed=3))

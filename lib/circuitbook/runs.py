@@ -99,7 +99,8 @@ def code_version(objects: Iterable = (), root: Path | None = None) -> str:
 
     The training core (`CORE_SOURCES`: the config, the ensemble and its step, the loop, the batch
     protocol) plus the modules that define `objects` (the model's class, the task, the evaluation
-    callback, the init function) when they live in this package. Nothing else: how a run is chunked,
+    callback, the init function) when they live in this package, and the files such a module names in
+    its `RUN_KEY_SOURCES` (code it computes through that lives elsewhere). Nothing else: how a run is chunked,
     planned, scheduled or read back, and every other module, leave its key alone. Each file enters
     through `source_digest`, so comments and docstrings do not count either. `root`: another copy
     of the package (a test edits one).
@@ -158,6 +159,8 @@ def _package_sources(obj) -> set[Path]:
             continue
         if path.is_relative_to(PACKAGE_DIR):
             out.add(path)
+            module = inspect.getmodule(target)
+            out.update((PACKAGE_DIR / rel).resolve() for rel in getattr(module, "RUN_KEY_SOURCES", ()))
     return out
 
 

@@ -21,18 +21,29 @@ def _curve(steps, values) -> tuple[np.ndarray, np.ndarray]:
     return x[order], y[order]
 
 
-def crossing_step(steps, values, level: float) -> float:
-    """First step at which the curve reaches `level`, linearly interpolated between evaluations
-    (the first step itself if it already does; NaN if never)."""
+def crossing_step(steps, values, level: float, interpolate: bool = True) -> float:
+    """First step at which the curve reaches `level` (the first step itself if it already does; NaN
+    if never). interpolate=True reads it between the two evaluations around the crossing (linearly);
+    interpolate=False gives the first evaluated step at or above `level` (a time "by step t"
+    as a paper that reads its logged evaluations states it, e.g. grokking's tau_mem and tau_grok)."""
     x, y = _curve(steps, values)
     above = np.nonzero(y >= level)[0]
     if len(above) == 0:
         return float("nan")
     i = above[0]
-    if i == 0:
-        return float(x[0])
+    if i == 0 or not interpolate:
+        return float(x[i])
     x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
     return float(x0 + (level - y0) / (y1 - y0) * (x1 - x0))
+
+
+def member_crossings(metrics, column: str, level: float, interpolate: bool = True):
+    """Per member of a run's metrics (one row per step and member): `crossing_step` of `column`,
+    a pandas Series indexed by member."""
+    import pandas as pd
+
+    return pd.Series({member: crossing_step(g["step"], g[column], level, interpolate)
+                      for member, g in metrics.groupby("member")}, name=column, dtype=float)
 
 
 def half_way_step(steps, values) -> float:

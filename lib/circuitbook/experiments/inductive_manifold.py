@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 
 from ..analysis import curves, imir
+from ..models.imir import IMIRConfig, IMIRModel
 from ..tasks.base import Batch, FixedDataset, derive_seed
 from ..tasks.blocklist import KINDS, BlockListTask, rejection_rate, symmetry_test
 from ..training import Run, TrainConfig, default_device, train
@@ -297,8 +298,8 @@ def train_restricted_and_full(task: BlockListTask, seeds: Sequence[int], steps: 
     probe = Probe(basis, dirs, recall_pools(task, pool_size))
     tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(seeds), lr=lr, optimizer="sgd", eval_every=eval_every,
                      log_checkpoints=8)
-    whole = imir.IMIRConfig(layout.token_classes, layout.association, layout.seq_len, n_layers=2)
-    return {"restricted": train(f"{name}/restricted", imir.IMIRConfig.with_directions(layout, dirs), task, tc,
+    whole = IMIRConfig(layout.token_classes, layout.association, layout.seq_len, n_layers=2)
+    return {"restricted": train(f"{name}/restricted", IMIRConfig.with_directions(layout, dirs), task, tc,
                                 evaluate=probe),
             "full S": train(f"{name}/full_s", whole, task, tc, evaluate=probe),
             "unrestricted": train(f"{name}/unrestricted", imir.theory_config(layout, 2, 1), task, tc, evaluate=probe,
@@ -392,7 +393,7 @@ def train_scaling(ns: Sequence[int], n_pairs: int, seeds: Sequence[int], steps: 
         probe = Probe(basis, dirs, {"icl": pools["icl"], "task": pools["task"]})
         tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(seeds), lr=lr, optimizer="sgd",
                          eval_every=eval_every, log_checkpoints=0)
-        out[n] = train(f"{name}/N{n}", imir.IMIRConfig.with_directions(layout, dirs), task, tc, evaluate=probe)
+        out[n] = train(f"{name}/N{n}", IMIRConfig.with_directions(layout, dirs), task, tc, evaluate=probe)
     return out
 
 
@@ -409,7 +410,7 @@ def scaling_table(runs: Mapping[int, Run], thresholds: Mapping[str, float]) -> p
 
 # -------------------------------------------------------------------- the in-context gradient
 
-def icl_gradient(model: imir.IMIRModel, task: BlockListTask, n: int, seed: int,
+def icl_gradient(model: IMIRModel, task: BlockListTask, n: int, seed: int,
                  icl: Sequence[str] = ("alpha", "beta", "gamma"), loss: str = "ce") -> float:
     """Norm of the loss gradient on the unit in-context directions, a mean over n sampled sequences
     (the same sequences for every call with the same seed: ratios cancel most sampling noise)."""
@@ -422,7 +423,7 @@ def icl_gradient(model: imir.IMIRModel, task: BlockListTask, n: int, seed: int,
     return float(g[idx].norm())
 
 
-def with_direction(model: imir.IMIRModel, name: str, value: float) -> imir.IMIRModel:
+def with_direction(model: IMIRModel, name: str, value: float) -> IMIRModel:
     """A copy of an IMIRModel with one direction's phi set to `value`."""
     import copy
 
@@ -432,7 +433,7 @@ def with_direction(model: imir.IMIRModel, name: str, value: float) -> imir.IMIRM
     return m
 
 
-def learned_delta(model: imir.IMIRModel, task: BlockListTask, loss: str, p_target: float = 0.99,
+def learned_delta(model: IMIRModel, task: BlockListTask, loss: str, p_target: float = 0.99,
                   n: int = 256) -> float:
     """The premise of Theorem 2, 'delta has learned C': the delta (unit direction) at which the
     in-weights circuit alone answers canonical common queries. mse: the least-squares delta
@@ -494,7 +495,7 @@ def train_suppression_sweep(n_pairs: int, n_rare: int, n_blocks: int, grid: Sequ
     probe = Probe(basis, dirs, recall_pools(tasks[0], pool_size))
     tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(m[2] for m in members), lr=lr, optimizer="sgd",
                      eval_every=eval_every, checkpoint_every=eval_every, log_checkpoints=0)
-    return train(name, imir.IMIRConfig.with_directions(layout, dirs), tasks, tc, evaluate=probe), members
+    return train(name, IMIRConfig.with_directions(layout, dirs), tasks, tc, evaluate=probe), members
 
 
 QUERY_TYPES = {"rare": (1.0, 0.0), "canonical": (0.0, 0.0), "non-canonical": (0.0, 1.0)}  # (f_r, f_v) of each
@@ -505,7 +506,7 @@ def type_weights(f_r: float, f_v: float) -> dict[str, float]:
     return {"rare": f_r, "canonical": (1 - f_r) * (1 - f_v), "non-canonical": (1 - f_r) * f_v}
 
 
-def icl_gradient_vector(model: imir.IMIRModel, task: BlockListTask, n: int, seed: int, loss: str,
+def icl_gradient_vector(model: IMIRModel, task: BlockListTask, n: int, seed: int, loss: str,
                         icl: Sequence[str] = ("alpha", "beta", "gamma")) -> torch.Tensor:
     """The mean loss gradient on the unit in-context directions over n sampled sequences."""
     g = imir.sampled_gradient(model, task, n, seed, loss=loss, device=default_device())["phi"]
@@ -515,7 +516,7 @@ def icl_gradient_vector(model: imir.IMIRModel, task: BlockListTask, n: int, seed
 ICL_DIRECTIONS = ("alpha", "beta", "gamma")
 
 
-def with_point(model: imir.IMIRModel, point: Mapping[str, float] | None) -> imir.IMIRModel:
+def with_point(model: IMIRModel, point: Mapping[str, float] | None) -> IMIRModel:
     """A copy of a restricted model with its in-context directions at `point` ({alpha, beta, gamma};
     None: zero, the start of training). delta is left as it is."""
     import copy
@@ -542,7 +543,7 @@ def type_gradients(n_pairs: int, n_rare: int, n_blocks: int, n_grad: int, seed: 
     base = recall_task(n_pairs, n_blocks, f_v=0.0, f_r=0.0, n_rare=n_rare)
     layout = imir.Layout.from_task(base)
     basis = imir.IMIRBasis.concatenated(layout, 2, 1)
-    model = imir.IMIRConfig.with_directions(layout, imir.two_layer_directions(basis)).build(0).double()
+    model = IMIRConfig.with_directions(layout, imir.two_layer_directions(basis)).build(0).double()
     d = learned_delta(model, base, loss, p_learned)
     model = with_point(model, point)
     out = {}
@@ -592,7 +593,7 @@ def train_icl_trajectory(n_pairs: int, n_rare: int, n_blocks: int, seed: int, st
     probe = Probe(basis, dirs, {"icl": recall_pools(task, pool_size)["icl"]})
     tc = TrainConfig(steps=steps, batch_size=batch, seeds=(seed,), lr=lr, optimizer="sgd", eval_every=eval_every,
                      log_checkpoints=0)
-    return train(name, imir.IMIRConfig.with_directions(layout, dirs), task, tc, evaluate=probe)
+    return train(name, IMIRConfig.with_directions(layout, dirs), task, tc, evaluate=probe)
 
 
 def trajectory_points(metrics: pd.DataFrame, member: int, fractions: Sequence[float], until: float | None = None,
@@ -662,7 +663,7 @@ def train_burstiness_sweep(n_pairs: int, n_blocks: int, bursts: Sequence[int], s
     probe = Probe(basis, dirs, {"icl": pools["icl"]})
     tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(m[2] for m in members), lr=lr, optimizer="sgd",
                      eval_every=eval_every, log_checkpoints=0)
-    return train(name, imir.IMIRConfig.with_directions(layout, dirs), tasks, tc, evaluate=probe), members
+    return train(name, IMIRConfig.with_directions(layout, dirs), tasks, tc, evaluate=probe), members
 
 
 def burstiness_table(run: Run, members: Sequence[tuple], n_pairs: int, n_blocks: int, n_grad: int,
@@ -907,12 +908,12 @@ def train_init_ensemble(task: BlockListTask, design: pd.DataFrame, steps: int, l
     probe = CircuitProbe(recall_pools(task, pool_size)["icl"], CIRCUITS)
     tc = TrainConfig(steps=steps, batch_size=batch, seeds=tuple(int(s) for s in design.member_seed), lr=lr,
                      optimizer="sgd", eval_every=eval_every, log_checkpoints=0)
-    return train(name, imir.IMIRConfig.with_directions(layout, dirs, n_layers=3), task, tc, evaluate=probe,
+    return train(name, IMIRConfig.with_directions(layout, dirs, n_layers=3), task, tc, evaluate=probe,
                  init_fn=InitTable(table))
 
 
 @torch.no_grad()
-def circuit_accuracy(model: imir.IMIRModel, pool: Batch, keep: Sequence[str]) -> float:
+def circuit_accuracy(model: IMIRModel, pool: Batch, keep: Sequence[str]) -> float:
     """Accuracy with every direction outside `keep` set to zero (the model is left unchanged)."""
     saved = model.phi.detach().clone()
     for i, name in enumerate(model.direction_names):
@@ -1092,7 +1093,7 @@ def train_two_hop(task: BlockListTask, n_layers: int, mode: str, seeds: Sequence
                      eval_every=eval_every, log_checkpoints=4)
     evaluate = _AccuracyProbe({"task": pools["task"]})
     if mode == "imir":
-        cfg = imir.IMIRConfig(layout.token_classes, layout.association, layout.seq_len, n_layers=n_layers,
+        cfg = IMIRConfig(layout.token_classes, layout.association, layout.seq_len, n_layers=n_layers,
                               init_std=init_std)
         return train(f"{name}/imir", cfg, task, tc, evaluate=evaluate)
     return train(f"{name}/full", imir.theory_config(layout, n_layers, 1, init_std=init_std), task, tc,
@@ -1120,7 +1121,7 @@ class _AccuracyProbe:
 def coordinates_of(run: Run, member: int, layout: imir.Layout) -> torch.Tensor:
     """Flat IMIR coordinates of a trained member (the projection on S for a full model)."""
     model = run.model(member)
-    if isinstance(model, imir.IMIRModel):
+    if isinstance(model, IMIRModel):
         return model.theta().detach().double()
     return imir.IMIRBasis.from_model(model, layout).coordinates(dict(model.named_parameters()))
 
@@ -1129,7 +1130,7 @@ class CoordinateEvaluator:
     """Held-out loss and accuracy of the theory's model at given flat IMIR coordinates (float64)."""
 
     def __init__(self, layout: imir.Layout, n_layers: int, pool: Batch, device: str | torch.device | None = None):
-        cfg = imir.IMIRConfig(layout.token_classes, layout.association, layout.seq_len, n_layers=n_layers)
+        cfg = IMIRConfig(layout.token_classes, layout.association, layout.seq_len, n_layers=n_layers)
         self.device = torch.device(device) if device is not None else default_device()
         self.model = cfg.build(seed=None).double().to(self.device)
         self.scale = 1.0 / self.model.directions.double()  # phi = theta * ||basis element||
@@ -1154,7 +1155,7 @@ class CoordinateEvaluator:
         return g.detach().cpu()
 
 
-def _forward_with_phi(model: imir.IMIRModel, phi: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def _forward_with_phi(model: IMIRModel, phi: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     from torch.func import functional_call
 
     params = {"phi": phi}

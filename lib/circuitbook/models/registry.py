@@ -6,13 +6,21 @@ module has `forward(tokens, last_only=False) -> logits`, `trainable_names()`
 and `init_weights(seed)`, with no data-dependent Python control flow (the
 ensemble runs it under `torch.func.vmap`). A run stores its config with the
 class name under `kind`, so `Run.model()` rebuilds the right class.
+
+The library's own model classes are listed in `LIBRARY_MODELS` (kind -> module), imported when first
+needed: a run's model is rebuilt whatever the notebook imported before (nothing registers itself on
+import). `register_model` adds a class from outside the library (a reader's own model).
 """
 from __future__ import annotations
 
 from typing import Any
 
+import importlib
+
 _CONFIGS: dict[str, type] = {}
 KIND_KEY = "kind"
+LIBRARY_MODELS = {"ToyConfig": "circuitbook.models.toy", "OneHotConfig": "circuitbook.models.onehot",
+                  "IMIRConfig": "circuitbook.models.imir"}
 
 
 def register_model(config_cls: type) -> type:
@@ -24,12 +32,23 @@ def register_model(config_cls: type) -> type:
     return config_cls
 
 
+def config_class(kind: str) -> type | None:
+    """The config class stored as `kind`: a library model (imported now) or a registered one; None if neither."""
+    if kind in LIBRARY_MODELS:
+        return getattr(importlib.import_module(LIBRARY_MODELS[kind]), kind)
+    return _CONFIGS.get(kind)
+
+
+def known_kinds() -> list[str]:
+    return sorted({*LIBRARY_MODELS, *_CONFIGS})
+
+
 def config_to_dict(config: Any) -> dict:
     """The stored form of a model config: its fields plus its class name."""
     kind = type(config).__name__
-    if _CONFIGS.get(kind) is not type(config):
+    if config_class(kind) is not type(config):
         raise TypeError(f"{kind} is not a registered model config; register it with "
-                        f"circuitbook.models.register_model (registered: {', '.join(sorted(_CONFIGS))})")
+                        f"circuitbook.models.register_model (known: {', '.join(known_kinds())})")
     return {KIND_KEY: kind, **config.to_dict()}
 
 
@@ -37,20 +56,7 @@ def config_from_dict(d: dict) -> Any:
     """Rebuild a model config stored by `config_to_dict` (no `kind`: a ToyConfig of an older run)."""
     d = dict(d)
     kind = d.pop(KIND_KEY, "ToyConfig")
-    if kind not in _CONFIGS:
-        _import_known_models()
-    if kind not in _CONFIGS:
-        raise ValueError(f"model config kind {kind!r} is not registered; registered: {', '.join(sorted(_CONFIGS))}")
-    return _CONFIGS[kind].from_dict(d)
-
-
-def _import_known_models() -> None:
-    """Configs register themselves on import: import the library's model modules."""
-    import importlib
-    import pkgutil
-
-    from . import __path__ as models_path
-
-    for info in pkgutil.iter_modules(models_path):
-        if info.name not in ("registry", "loading", "pretrained"):
-            importlib.import_module(f"{__package__}.{info.name}")
+    cls = config_class(kind)
+    if cls is None:
+        raise ValueError(f"model config kind {kind!r} is not registered; known: {', '.join(known_kinds())}")
+    return cls.from_dict(d)
