@@ -45,10 +45,11 @@ class PlannedRun:
 
 
 class Plan:
-    """The runs `train()` was asked for while planning, in order (`planning()`)."""
+    """The runs `train()` was asked for while planning, in order (`planning()`), and notes on them."""
 
     def __init__(self):
         self.runs: list[PlannedRun] = []
+        self.notes: dict[str, str] = {}
 
     def add(self, rundir, full_config, model, tasks, tc, fork_from) -> PlannedRun:
         complete = rundir.check_complete()[0]
@@ -61,6 +62,13 @@ class Plan:
 def current() -> "Plan | None":
     """The plan `train()` adds to instead of training (None: train)."""
     return _planning
+
+
+def note(run_name: str, text: str) -> None:
+    """While planning, say how a run was planned where the notebook decides at run time (a fork step
+    chosen from trained curves): `--plan` prints it under the run. Outside planning it does nothing."""
+    if _planning is not None:
+        _planning.notes[run_name] = text
 
 
 @contextlib.contextmanager
