@@ -10,7 +10,7 @@ import torch
 
 import circuitbook as cb
 from circuitbook import runs
-from circuitbook.experiments.assign_add import MemberPoolAccuracy
+from circuitbook.training import Evaluator
 from circuitbook.tasks.modular import ModularAddition
 from circuitbook.training import (RunSpec, TrainConfig, best_chunk, choose_chunk, chunk_candidates, events,
                                split_members)
@@ -19,7 +19,7 @@ from conftest import assert_same_run, kill_after_checkpoint
 TASKS = [ModularAddition(p=11, train_fraction=0.5, split_seed=s) for s in range(4)]
 MODEL = cb.ToyConfig(d_vocab=12, n_ctx=3, d_model=16, n_layers=1, n_heads=2, d_mlp=32, d_vocab_out=11)
 # one pool per member: a chunk must evaluate each of its members on that member's own pool
-EVAL = MemberPoolAccuracy({"test": [t.test for t in TASKS], "train": [t.train for t in TASKS]})
+EVAL = Evaluator({"test": [t.test for t in TASKS], "train": [t.train for t in TASKS]})
 TC = TrainConfig(steps=30, batch_size=16, seeds=(3, 4, 5, 6), lr=3e-3, weight_decay=(0.0, 0.5, 1.0, 2.0),
                  eval_every=5, log_checkpoints=3)
 
@@ -62,7 +62,7 @@ def test_member_k_of_a_split_run_equals_it_trained_alone(tmp_path):
     solo_tc = TrainConfig(steps=30, batch_size=16, seeds=(5,), lr=3e-3, weight_decay=1.0, eval_every=5,
                           log_checkpoints=3)
     solo = cb.train("t/solo", MODEL, TASKS[k], solo_tc, store=runs.Store(tmp_path / "solo"),
-                    evaluate=MemberPoolAccuracy({"test": [TASKS[k].test], "train": [TASKS[k].train]}))
+                    evaluate=Evaluator({"test": [TASKS[k].test], "train": [TASKS[k].train]}))
     assert_same(split, solo, [k], [0])
 
 
@@ -146,13 +146,13 @@ def test_auto_chunk_keeps_short_runs_and_dropout_whole(tmp_path, monkeypatch):
 KILL_SCRIPT = textwrap.dedent("""
     import sys
     import circuitbook as cb
-    from circuitbook.experiments.assign_add import MemberPoolAccuracy
+    from circuitbook.training import Evaluator
     from circuitbook.tasks.modular import ModularAddition
     tasks = [ModularAddition(p=23, train_fraction=0.5, split_seed=s) for s in (0, 1)]
     cfg = cb.ToyConfig(d_vocab=24, n_ctx=3, d_model=32, n_layers=1, n_heads=2, d_mlp=64, d_vocab_out=23)
     tc = cb.TrainConfig(steps=240, batch_size=64, seeds=(0, 1), lr=3e-3, weight_decay=(0.1, 1.0), eval_every=10,
                         checkpoint_every=40, log_checkpoints=4)
-    cb.train("t/kill", cfg, tasks, tc, evaluate=MemberPoolAccuracy({"test": [t.test for t in tasks]}), chunk=1)
+    cb.train("t/kill", cfg, tasks, tc, evaluate=Evaluator({"test": [t.test for t in tasks]}), chunk=1)
 """)
 
 

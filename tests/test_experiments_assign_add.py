@@ -15,6 +15,7 @@ import circuitbook as cb
 from circuitbook.analysis import attention, curves, fourier
 from circuitbook.experiments import assign_add as ea
 from circuitbook.tasks.assign_add import N_VARS, AssignAddTask
+from circuitbook.training import Evaluator, ReleasedRun
 
 TASK = AssignAddTask()
 TINY = cb.ToyConfig(d_vocab=74, n_ctx=16, d_model=16, n_layers=2, n_heads=1, d_mlp=32, mlp=(False, True),
@@ -427,10 +428,10 @@ def test_sweep_members_and_init():
     assert torch.equal(a.W_E, b.W_E)  # same seed, same init, whatever the value
 
 
-def test_member_pool_accuracy_pads_per_member_pools():
+def test_evaluator_pads_per_member_pools():
     ens = cb.Ensemble(TINY, (0, 1))
     short, long_ = TASK.eval_pool("zero_var_train", 5, 0), TASK.eval_pool("one_var_train", 9, 0)
-    out = ea.MemberPoolAccuracy({"p": [short, long_]})(ens, 0)["acc_p"]
+    out = Evaluator({"p": [short, long_]})(ens, 0)["acc_p"]
     for k, b in enumerate([short, long_]):
         pred = ens.member(k)(b.tokens)[:, -1].argmax(-1)
         assert out[k].item() == pytest.approx((pred == b.labels).float().mean().item())
@@ -468,7 +469,7 @@ def released_run(directory, steps=(0, 50, 100)):
 
 def test_checkpoint_run_reads_a_released_run(tmp_path, runs_dir):
     models = released_run(tmp_path / "release")
-    run = ea.CheckpointRun(tmp_path / "release", TASK, pool_size=20, probe_size=16)
+    run = ea.released_run(tmp_path / "release", TASK, pool_size=20, probe_size=16)
     assert run.checkpoint_steps() == [0, 50, 100] and run.n_members == 1 and run.key is None
     m = run.metrics()
     assert m.step.tolist() == [0, 50, 100] and set(m.member) == {0}
@@ -480,7 +481,7 @@ def test_checkpoint_run_reads_a_released_run(tmp_path, runs_dir):
     torch.testing.assert_close(run.model(0, 50)(tokens), models[50](tokens))
     torch.testing.assert_close(run.model()(tokens), models[100](tokens))
     assert list((runs_dir / "external").glob("*.json"))  # cached: a second reader does not re-evaluate
-    again = ea.CheckpointRun(tmp_path / "release", TASK, pool_size=20, probe_size=16)
+    again = ea.released_run(tmp_path / "release", TASK, pool_size=20, probe_size=16)
     pd.testing.assert_frame_equal(again.metrics(), m, check_dtype=False)
     with pytest.raises(ValueError, match="step=60 is not a checkpoint"):
         run.model(0, 60)
@@ -493,9 +494,9 @@ def test_source_run_and_load_model_for_external_checkpoints(tmp_path, runs_dir):
     models = released_run(tmp_path / "release")
     base = dict(train_fraction=0.7, split_seed=42, pair_split="authors", pool_size=20, probe_size=16)
     run = ea.source_run(params(checkpoint_path=str(tmp_path / "release"), **base))
-    assert isinstance(run, ea.CheckpointRun)
+    assert isinstance(run, ReleasedRun)
     model, source, run = ea.load_model(params(checkpoint_path=str(tmp_path / "release"), **base), step=50)
-    assert "released run" in source and "step 50" in source and isinstance(run, ea.CheckpointRun)
+    assert "released run" in source and "step 50" in source and isinstance(run, ReleasedRun)
     single = tmp_path / "release" / "checkpoint_step_100.pth"
     model, source, run = ea.load_model(params(checkpoint_path=str(single), **base))
     assert run is None and "external checkpoint" in source

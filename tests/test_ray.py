@@ -25,13 +25,13 @@ ray = pytest.importorskip("ray")
 from minibook import notebook, write  # noqa: E402
 from raycluster import LocalCluster  # noqa: E402
 
-SWEEP = '''from circuitbook.experiments.assign_add import MemberPoolAccuracy
+SWEEP = '''from circuitbook.training import Evaluator
 from circuitbook.tasks.modular import ModularAddition
 tasks = [ModularAddition(p=23, train_fraction=0.5, split_seed=s) for s in range(4)]
 model = cb.ToyConfig(d_vocab=24, n_ctx=3, d_model=32, n_layers=1, n_heads=2, d_mlp=64, d_vocab_out=23)
 tc = cb.TrainConfig(steps=int(cfg.steps), batch_size=64, seeds=(0, 1, 2, 3), lr=3e-3,
                     weight_decay=(0.1, 0.3, 1.0, 3.0), eval_every=20, checkpoint_every=20, log_checkpoints=2)
-run = cb.train("demo/sweep", model, tasks, tc, evaluate=MemberPoolAccuracy({"test": [t.test for t in tasks]}))
+run = cb.train("demo/sweep", model, tasks, tc, evaluate=Evaluator({"test": [t.test for t in tasks]}))
 last = run.metrics().query("step == step.max()").sort_values("member")
 cb.record("sweep_loss", last.train_loss.tolist(), run=run)
 cb.record("sweep_acc", last.acc_test.tolist(), run=run)

@@ -392,7 +392,7 @@ def test_a_checkpoint_folder_with_mixed_shapes_names_the_odd_file(tmp_path):
     assert "checkpoint_step_300.pth" in msg and str(tmp_path) in msg and "the same configuration" in msg, msg
     assert "[74, 32]" in msg and "[74, 16]" in msg and "checkpoint_step_100.pth" not in msg.split("other")[0], msg
     with pytest.raises(ValueError, match="checkpoint_step_300.pth"):
-        ea.CheckpointRun(tmp_path, AssignAddTask(), pool_size=20, probe_size=16)
+        ea.released_run(tmp_path, AssignAddTask(), pool_size=20, probe_size=16)
     # a final model (no step in its name) of another width is named the same way
     (tmp_path / "checkpoint_step_300.pth").unlink()
     torch.save(cb.ToyTransformer(wide, seed=3).state_dict(), tmp_path / "model_state_dict.pth")

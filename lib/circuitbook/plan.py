@@ -1,10 +1,11 @@
 """`circuitbook build --plan`: what the book would train at a profile, before anything is trained.
 
-Each notebook that trains has an entry in `TRAINING_CALLS`: the library calls its code makes to
-train (the same experiment functions, with the notebook's resolved parameters). They run inside
-`train.planning()`, where `train()` trains nothing and returns a `PlannedRun` with the run's name,
-key, model and training configs. So the plan enumerates the very runs, with the very keys, that the
-notebooks train; `tests/test_plan.py` checks that against the runs that executed notebooks recorded.
+Each notebook's runs come from its chapter's registry, `notebook_runs(cfg)` (the chapter contract,
+`circuitbook.chapters`), the very function the notebook's training cell calls, here with the notebook's
+resolved parameters inside `training.planning()`, where `train()` trains nothing and returns a
+`PlannedRun` with the run's name, key, model and training configs. So the plan enumerates the very
+runs, with the very keys, that the notebooks train (`tests/test_plan.py` checks that against the runs
+an executed notebook recorded); this module imports no chapter and types no training call.
 
 For every run the plan gives its parameters per member, FLOPs (torch's FlopCounterMode on one
 training step, scaled to the run's batch, members and steps), and the time on the current device from
@@ -24,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import params
+from . import chapters, params
 from .build import fmt_seconds
 from .book import book_notebooks
 from .training import (PlannedRun, RunSpec, best_chunk, calibrate, chunk_candidates, count_parameters,
@@ -32,152 +33,6 @@ from .training import (PlannedRun, RunSpec, best_chunk, calibrate, chunk_candida
 from .training.planning import planning
 
 
-def _tour(cfg):
-    import circuitbook as cb
-    from .tasks.modular import ModularAddition
-
-    task = ModularAddition(p=cfg.p, train_fraction=cfg.train_fraction, split_seed=0)
-    model_cfg = cb.ToyConfig(d_vocab=cfg.p + 1, n_ctx=3, d_model=cfg.d_model, n_layers=1, n_heads=cfg.n_heads,
-                             d_mlp=cfg.d_mlp, d_vocab_out=cfg.p)
-    train_cfg = cb.TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, seeds=tuple(cfg.seeds), lr=cfg.lr,
-                               weight_decay=tuple(cfg.weight_decays), eval_every=cfg.eval_every)
-    cb.train("tour/modular_addition", model_cfg, task, train_cfg,
-             evaluate=cb.pool_accuracy({"train": task.train, "test": task.test}))
-
-
-def _aa_main(cfg):
-    from .experiments import assign_add as ea
-
-    if not cfg.get("checkpoint_path"):  # a released run or external weights: nothing is trained
-        ea.main_run(cfg)
-
-
-def _aa_generalization(cfg):
-    from .experiments import assign_add as ea
-
-    _aa_main(cfg)
-    ea.f_sweep(cfg)
-    ea.r_sweep(cfg)
-
-
-def _ac_markov(cfg):
-    from .experiments import algorithmic_cores as ac
-
-    for setup in ac.MARKOV_SETUPS:
-        ac.train_markov(cfg, setup)
-
-
-def _ac_grokking(cfg):
-    from .experiments import algorithmic_cores as ac
-
-    exp = ac.train_grokking(cfg)
-    if cfg.grok_fork_epoch is not None:
-        fork = ac.choose_fork_step(exp, cfg.grok_fork_epoch, None)
-    else:  # chosen from the trained curves; planned at the middle checkpoint (the branch's cost is bounded by the run's)
-        steps = exp.run.checkpoint_steps()
-        fork = steps[len(steps) // 2]
-        NOTES["algorithmic_cores/grokking_wd0"] = ("fork step chosen from the trained curves; planned at the middle "
-                                                   f"checkpoint ({fork})")
-    ac.train_wd0_branch(exp, fork)
-
-
-def _ac_delay_law(cfg):
-    from .experiments import algorithmic_cores as ac
-
-    ac.train_omega_sweep(cfg)
-    if cfg.sweep_p_run:
-        ac.train_p_sweep(cfg)
-
-
-def _lt_main(name):
-    def calls(cfg):
-        from .experiments import leading_terms as el
-        from .training import train as train_run
-
-        # main_run's evaluation callback needs the first-batch statistics, minutes of work at full
-        # (vocabulary 3000): the plan sizes the same model, task and schedule without them, so the key
-        # it shows is not the trained run's
-        corpus = el.load_corpus(cfg)
-        train_run(name, el.model_config(cfg, corpus), el.make_task(cfg, corpus), el.train_config(cfg, corpus))
-        UNKNOWN_KEY.add(name)
-    return calls
-
-
-def _lt_early_lm(cfg):
-    from .experiments import leading_terms as el
-
-    if not cfg.checkpoint_dirs:  # released checkpoints are read, not trained
-        el.train_gpt(cfg, el.load_corpus(cfg))
-
-
-def _im_manifold(cfg):
-    from .experiments import inductive_manifold as im
-
-    task = im.recall_task(cfg.im1_n_pairs, cfg.im1_n_blocks, f_v=cfg.im1_f_v)
-    im.train_in_and_off_s(task, 2, cfg.im1_seeds, cfg.im1_steps, cfg.im1_lr, cfg.im1_scale, cfg.im1_off_std,
-                          cfg.im1_sampled_batch, cfg.im1_eval_every)
-
-
-def _im_two_layer(cfg):
-    from .experiments import inductive_manifold as im
-
-    task = im.recall_task(cfg.tl_n_pairs, cfg.tl_n_blocks, f_v=cfg.tl_f_v)
-    im.train_restricted_and_full(task, cfg.tl_seeds, cfg.tl_steps, cfg.tl_lr, cfg.tl_batch, cfg.tl_eval_every,
-                                 cfg.tl_pool)
-    im.train_scaling(cfg.sc_ns, cfg.sc_n_pairs, cfg.sc_seeds, cfg.sc_steps, cfg.tl_lr, cfg.tl_batch,
-                     cfg.tl_eval_every, cfg.tl_pool)
-    grid = list(zip(cfg.im3_f_r, cfg.im3_f_v))
-    im.train_suppression_sweep(cfg.im3_train_n_pairs, cfg.im3_train_n_rare, cfg.tl_n_blocks, grid,
-                               cfg.im3_train_seeds, cfg.im3_train_steps, cfg.tl_lr, cfg.tl_batch,
-                               cfg.tl_eval_every, cfg.tl_pool)
-    im.train_burstiness_sweep(cfg.im4_n_pairs, cfg.im4_n_blocks, cfg.im4_bursts, cfg.im4_seeds,
-                              cfg.im4_steps, cfg.tl_lr, cfg.tl_batch, cfg.tl_eval_every, cfg.tl_pool)
-    im.train_standard(cfg.tl_n_pairs, cfg.tl_n_blocks, 1.0, cfg.std_d_model, cfg.std_seeds, cfg.std_steps,
-                      cfg.std_lr, cfg.tl_batch, cfg.tl_eval_every, cfg.tl_pool)
-
-
-def _im_initialization(cfg):
-    from .experiments import inductive_manifold as im
-
-    task = im.recall_task(cfg.im5_n_pairs, cfg.im5_n_blocks, f_v=1.0)
-    design = im.init_design(cfg.im5_grid, cfg.im5_base, cfg.im5_jitter, seed=cfg.im5_design_seed)
-    im.train_init_ensemble(task, design, cfg.im5_steps, cfg.im5_lr, cfg.im5_batch, cfg.im5_eval_every, cfg.im5_pool)
-
-
-def _im_circuits(cfg):
-    from .experiments import inductive_manifold as im
-
-    task = im.two_hop_task(cfg.im6_n_pairs, cfg.im6_n_blocks)
-    im.train_two_hop(task, cfg.im6_layers, cfg.im6_mode, cfg.im6_seeds, cfg.im6_steps, cfg.im6_lr, cfg.im6_batch,
-                     cfg.im6_eval_every, cfg.im6_pool)
-
-
-# notebook -> the calls its code makes to train (None: it trains nothing)
-TRAINING_CALLS = {
-    "book/tour": _tour,
-    "assign_add/01_task": None,
-    "assign_add/02_training": _aa_main,
-    "assign_add/03_generalization": _aa_generalization,
-    "assign_add/04_mechanisms": _aa_main,
-    "assign_add/05_gradient_theory": _aa_main,
-    "leading_terms/01_corpus": None,
-    "leading_terms/02_training": _lt_main("leading_terms/main"),
-    "leading_terms/03_ablation": _lt_main("leading_terms/main"),
-    "leading_terms/04_bpe": _lt_main("leading_terms/bpe"),
-    "leading_terms/05_early_lm": _lt_early_lm,
-    "algorithmic_cores/01_planted": None,
-    "algorithmic_cores/02_markov": _ac_markov,
-    "algorithmic_cores/03_grokking": _ac_grokking,
-    "algorithmic_cores/04_delay_law": _ac_delay_law,
-    "algorithmic_cores/05_agreement": None,
-    "inductive_manifold/01_tasks": None,
-    "inductive_manifold/02_manifold": _im_manifold,
-    "inductive_manifold/03_two_layer": _im_two_layer,
-    "inductive_manifold/04_initialization": _im_initialization,
-    "inductive_manifold/05_circuit_detection": _im_circuits,
-}
-NOTES: dict[str, str] = {}
-UNKNOWN_KEY: set[str] = set()  # runs planned without their evaluation callback (key not the trained one's)
 PLAN_BUDGET_S = 300  # a notebook whose setup takes longer is reported, not planned
 
 
@@ -192,17 +47,14 @@ class RunCost:
 
 
 def planned_runs(chapter: str, notebook: str, profile: str) -> list[PlannedRun]:
-    """The runs the notebook's code would train at `profile`, in order (nothing is trained)."""
-    label = f"{chapter}/{notebook}"
-    if label not in TRAINING_CALLS:
-        raise KeyError(f"{label} has no entry in circuitbook.plan.TRAINING_CALLS; add the calls its code makes "
-                       "to train (or None if it trains nothing)")
-    calls = TRAINING_CALLS[label]
-    if calls is None:
-        return []
+    """The runs the notebook's code would train at `profile`, in order (nothing is trained): its
+    chapter's registry (`chapters.notebook_runs`) called with its resolved parameters inside `planning()`.
+    A run gets `note`, what the registry said about how it was planned (`training.planning.note`)."""
     cfg = params.resolve(chapter, notebook, profile)
     with planning() as plan:
-        calls(cfg)
+        chapters.notebook_runs(cfg)
+    for run in plan.runs:
+        run.note = plan.notes.get(run.dir.name, "")
     return plan.runs
 
 
@@ -229,7 +81,7 @@ def cost(run: PlannedRun, device: torch.device) -> RunCost:
     # a smaller batch and scaled by the batch: such steps are compute-bound, so time grows with the batch
     batch = run.train_config.batch_size
     small = max(1, min(batch, int(batch * PLAN_STEP_FLOPS / max(flops_per_step / K * max(sizes), 1.0))))
-    note = NOTES.get(run.dir.name, "")
+    note = getattr(run, "note", "")
     if small < batch:
         tc = replace(run.train_config, batch_size=small,
                      micro_batch_size=min(run.train_config.micro_batch_size or small, small))
@@ -323,15 +175,11 @@ def _print_run(c: RunCost, out) -> None:
     run, tc = c.run, c.run.train_config
     span = f"{tc.steps - run.start:,} steps" + (f" (fork at {run.start:,})" if run.start else "")
     stored = "  [complete in the store: nothing to train]" if run.complete else ""
-    key = "key ?" if run.dir.name in UNKNOWN_KEY else run.key[:8]
-    out(f"  {run.dir.name} ({key}): {run.n_members} member(s) x {span} x batch {tc.batch_size}, "
+    out(f"  {run.dir.name} ({run.key[:8]}): {run.n_members} member(s) x {span} x batch {tc.batch_size}, "
         f"{c.params_per_member:,} parameters each, {c.flops:.2e} FLOPs, "
         f"~{fmt_seconds(c.seconds)} here (chunk {c.chunk}){stored}")
     if c.note:
         out(f"    note: {c.note}")
-    if run.dir.name in UNKNOWN_KEY:
-        out("    note: planned without its evaluation callback (its first-batch statistics are minutes of "
-            "work at this profile), so the key shown is not the trained run's; its size and time are those of the trained run")
 
 
 # ---------------------------------------------------------------- groups: what must execute in one visit

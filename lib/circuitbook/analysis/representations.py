@@ -10,6 +10,7 @@ layer encodes the content and not the presentation.
 """
 from __future__ import annotations
 
+import pandas as pd
 import torch
 
 
@@ -57,3 +58,17 @@ def probe_accuracy(X_train, y_train, X_test, y_test, n_classes: int | None = Non
     lam = ridge * gram.diagonal().mean()
     W = torch.linalg.solve(gram + lam * torch.eye(gram.shape[0], dtype=torch.float64), A.T @ Y)
     return float(((B @ W).argmax(1) == y_test).double().mean())
+
+
+def form_cosines(read, forms: dict, reference: torch.Tensor) -> pd.DataFrame:
+    """`paired_cosines` of several presentations of the same items against one reference presentation,
+    at one layer: `read(tokens) -> [n, d]` reads the layer (e.g. a hook at the last position), `forms`
+    {name: tokens [n, T]} and `reference` tokens [n, T] list the n items in the same order. One row per
+    (form, item) with `matched`, `mismatched` and their `_centred` versions (the residual cosines of
+    Assign and Add's AA-8: variable additions against the constant addition of the same values)."""
+    ref = read(reference)
+    rows = []
+    for form, tokens in forms.items():
+        cos = paired_cosines(read(tokens), ref)
+        rows.append(pd.DataFrame({"form": form, "item": range(len(tokens)), **{k: v.numpy() for k, v in cos.items()}}))
+    return pd.concat(rows, ignore_index=True)

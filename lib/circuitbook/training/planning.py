@@ -31,6 +31,7 @@ class PlannedRun:
         return f"PlannedRun({self.dir.name}, key={self.key}, members={self.n_members})"
 
     key = property(lambda self: self.dir.key)
+    name = property(lambda self: self.dir.name)
     n_members = property(lambda self: self.train_config.n_members)
 
     @property

@@ -1,0 +1,96 @@
+"""What the chapter's notebooks record and tabulate: phase tables and records, the pace caveat, sweep
+tables, and the reasons a value could not be measured."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from ...training import Run
+from .measure import detect_phases, hard_final_accuracy
+
+# The knobs that set how fast training moves: step numbers compare with the paper's only when all
+# of them have the paper's values.
+SCHEDULE_KNOBS = ("d_model", "d_mlp", "batch_size", "lr", "weight_decay", "train_fraction", "two_var_ratio",
+                  "cooldown_steps")
+
+
+def why_if_missing(values, why: str) -> str | None:
+    """`why` when every value is NaN (so the scorecard says `not measured: why`), else None."""
+    values = values if isinstance(values, (list, tuple, np.ndarray, pd.Series)) else [values]
+    return why if all(math.isnan(float(v)) for v in values) else None
+
+
+def schedule_deviations(cfg, paper: dict) -> list[str]:
+    """The knobs that set the pace of training (`SCHEDULE_KNOBS`) whose value differs from the
+    paper's: when any does, step numbers are not the paper's step numbers."""
+    return [f"{k} {cfg.get(k)!r} (paper: {paper[k]!r})" for k in SCHEDULE_KNOBS
+            if k in paper and cfg.get(k) != paper[k]]
+
+
+def phases_table(metrics: pd.DataFrame, window: float | None = None) -> pd.DataFrame:
+    """`detect_phases` of every member, one row per member (index: member), with its seed."""
+    rows = []
+    for member in sorted(metrics.member.unique()):
+        seed = metrics.loc[metrics.member == member, "seed"].iloc[0] if "seed" in metrics else member
+        rows.append({"member": int(member), "seed": int(seed), **asdict(detect_phases(metrics, member, window))})
+    return pd.DataFrame(rows).set_index("member")
+
+
+NO_JUMP = "no jump detected (no window after the addition phase in which the variable accuracy rises by 0.2)"
+
+
+NO_REFINEMENT = "no refinement detected (no window after the jump in which the hard cases rise by 0.2)"
+
+
+def phase_records(phases: pd.DataFrame, metrics: pd.DataFrame, pace: Sequence[str] = ()) -> dict:
+    """What 02_training records for AA-1..AA-3: {key: (one value per seed, why or None)}.
+
+    phases: `phases_table`; pace: `schedule_deviations` of the run. When the run does not train at
+    the paper's pace, the timed keys (`aa2_jump_step`, `aa3_refine_step`) are NaN with that reason
+    and their values in the run's own steps go to `*_run`. A key whose every seed is NaN says why.
+    """
+    window = phases.window.to_numpy(float)
+    timing_why = ("step numbers are not the paper's at this pace: " + "; ".join(pace)) if pace else None
+
+    def seeds(values, why=None, timed=False):
+        values = [float(v) for v in values]
+        if timed and pace:
+            return [math.nan] * len(values), timing_why
+        return values, (why_if_missing(values, why) if why else None)
+
+    return {
+        "aa1_zero_var_acc_at_var_half": seeds(phases.zero_at_var_half, "the variable accuracy never reached 0.5"),
+        "aa1_step_gap": seeds(phases.variable_step - phases.addition_step,
+                              "the 0-var or the variable accuracy never reached 0.9"),
+        "aa1_addition_step": seeds(phases.addition_step),
+        "aa1_variable_step": seeds(phases.variable_step),
+        "aa2_jump_step": seeds(phases.jump_step, NO_JUMP, timed=True),
+        "aa2_jump_step_run": seeds(phases.jump_step, NO_JUMP),
+        "aa2_jump_share": seeds(phases.jump_share),
+        "aa2_qk_lag_windows": seeds((phases.qk_step - phases.jump_step).abs() / window, NO_JUMP),
+        "aa2_bound_lag_windows": seeds((phases.bound_step - phases.jump_step).abs() / window, NO_JUMP),
+        "aa2_routing_step_run": seeds(phases.routing_step),
+        "aa3_refine_rise": seeds(phases.refine_rise, NO_JUMP),
+        "aa3_refine_step": seeds(phases.refine_step, NO_REFINEMENT, timed=True),
+        "aa3_refine_step_run": seeds(phases.refine_step, NO_REFINEMENT),
+        "aa3_hard_final_min_acc": seeds(hard_final_accuracy(metrics)),
+    }
+
+
+def pace_phrase(pace: Sequence[str]) -> str:
+    """The sentence the text quotes about whether step numbers compare with the paper's."""
+    if not pace:
+        return "This run trains at the paper's pace, so its step numbers are compared with the paper's."
+    return ("This run does not train at the paper's pace (" + "; ".join(pace) + "), so its step numbers are not "
+            "the paper's: the scorecard records the timing parts of AA-2 and AA-3 as not measured and judges the rest.")
+
+
+def sweep_table(run: Run, members: pd.DataFrame, step: int | None = None) -> pd.DataFrame:
+    """Members joined with their metrics at `step` (default: the last evaluation)."""
+    m = run.metrics()
+    step = m.step.max() if step is None else step
+    return members.merge(m[m.step == step].drop(columns=["seed"]), on="member")
