@@ -262,3 +262,87 @@ def test_random_in_span_and_a_perturbation_of_the_removal_size():
         lt.top_singular_subspace(term, 0.0)
     with pytest.raises(ValueError, match="zero"):
         lt.perturb_like_removal(weight, term, torch.zeros(8, 8))
+
+
+def test_weight_names():
+    assert lt.weight_name("unembed.W_U") == "W_O"
+    assert lt.weight_name("blocks.2.attn.W_QK") == "W2"
+    assert lt.weight_name("blocks.0.attn.W_V") == "V0"
+    assert lt.weight_name("blocks.1.attn.P") == "P1"
+    assert lt.weight_name("blocks.1.attn.mask") is None
+
+
+def test_context_lift_is_one_under_independence():
+    joint = torch.outer(torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64), torch.tensor([0.6, 0.4], dtype=torch.float64))
+    assert torch.allclose(lt.context_lift(joint), torch.ones(3, 2, dtype=torch.float64))
+    joint = torch.tensor([[0.5, 0.0], [0.0, 0.5]], dtype=torch.float64)
+    assert torch.equal(lt.context_lift(joint), torch.tensor([[2.0, 0.0], [0.0, 2.0]], dtype=torch.float64))
+
+
+def test_embedding_agreement_of_a_displacement_along_the_prediction():
+    torch.manual_seed(0)
+    V, d = 12, 6
+    B = torch.randn(V, V, dtype=torch.float64)
+    W_E0, W_U0 = torch.randn(V, d, dtype=torch.float64), torch.randn(d, V, dtype=torch.float64)
+    ids = torch.arange(8)
+    out = lt.embedding_agreement(W_E0, W_E0 + 0.1 * B @ W_U0.T, W_U0, W_U0 + 0.1 * W_E0.T @ B, B, ids, n_perm=10)
+    assert out["embed"] == pytest.approx(1.0) and out["unembed"] == pytest.approx(1.0)
+    assert abs(out["embed_base_mean"]) < 0.5
+    assert lt.agrees(out["embed"], out["embed_base_mean"], out["embed_base_std"])
+    assert not lt.agrees(-0.5, 0.0, 0.1) and not lt.agrees(0.2, 0.0, 0.1)
+
+
+def test_attention_token_scores_average_the_hooked_scores_by_token_pair():
+    from circuitbook.models.toy import ToyConfig, ToyTransformer
+
+    model = ToyTransformer(ToyConfig(d_vocab=5, n_ctx=4, d_model=8, n_layers=2, n_heads=2), seed=0)
+    tokens = torch.tensor([[0, 1, 0, 2], [1, 1, 2, 0]])
+    ids = torch.tensor([0, 1, 2])
+    scores = lt.attention_token_scores(model, tokens, ids, chunk=1)
+    _, cache = model.run_with_cache(tokens)
+    s = cache["blocks.1.attn.hook_attn_scores"].double().mean(1)
+    # query token 1, key token 0: (seq 0: q1 k0) + (seq 1: q3 is token 0 - no) ... collect by hand
+    pairs = [(b, q, k) for b in range(2) for q in range(4) for k in range(q + 1)
+             if tokens[b, q] == 1 and tokens[b, k] == 0]
+    expected = sum(float(s[b, q, k]) for b, q, k in pairs) / len(pairs)
+    assert scores[1, 1, 0].item() == pytest.approx(expected)
+    assert torch.isnan(scores[0, 2, 2]) == (not any(tokens[b, q] == 2 and tokens[b, k] == 2
+                                                     for b in range(2) for q in range(4) for k in range(q + 1)))
+
+
+def test_similarity_is_the_cosine_of_the_columns_of_B():
+    B = torch.tensor([[1.0, 2.0, 0.0], [0.0, 2.0, 3.0]], dtype=torch.float64)
+    sim = lt.similarity(B.T @ B)
+    cols = B / B.norm(dim=0)
+    assert torch.allclose(sim, cols.T @ cols)
+    assert torch.allclose(sim.diagonal(), torch.ones(3, dtype=torch.float64))
+    assert sim[0, 2] == 0.0 and sim[0, 1] == pytest.approx(2 / math.sqrt(8))
+
+
+def test_frequent_ids_are_the_most_frequent_in_id_order():
+    x = torch.tensor([[5, 5, 5, 1], [1, 2, 2, 5]])
+    assert lt.frequent_ids(x, 2).tolist() == [1, 5]
+    assert lt.frequent_ids(x, 10).tolist() == [1, 2, 5], "no more ids than occur"
+
+
+def test_centred_over_keys_ignores_missing_pairs():
+    M = torch.tensor([[1.0, 3.0, float("nan")], [2.0, 2.0, 5.0]], dtype=torch.float64)
+    assert torch.equal(lt.centred_over_keys(M), torch.tensor([[-1.0, 1.0, 0.0], [-1.0, -1.0, 2.0]], dtype=torch.float64))
+
+
+def test_attention_agreement_of_a_score_change_along_Q():
+    """A score change equal to Q (plus a per-query constant that softmax ignores) has cosine 1 in every
+    layer; its negative, -1; the permutation baseline lies well inside."""
+    gen = torch.Generator().manual_seed(0)
+    V, ids = 10, torch.tensor([1, 3, 4, 7, 8, 9])
+    Q = torch.randn(V, V, dtype=torch.float64, generator=gen)
+    scores0 = torch.randn(2, 6, 6, dtype=torch.float64, generator=gen)
+    change = Q[ids][:, ids] + torch.arange(6, dtype=torch.float64)[:, None]
+    scores = torch.stack([scores0[0] + change, scores0[1] - change])
+    scores[:, 0, 5] = float("nan")  # a pair that never occurs: left out of both
+    table = lt.attention_agreement(scores, scores0, Q, ids, n_perm=10)
+    assert list(table["layer"]) == [0, 1]
+    assert table["cosine"].tolist() == pytest.approx([1.0, -1.0])
+    assert (table["base_mean"].abs() < 0.6).all() and (table["base_std"] > 0).all()
+    assert lt.agrees(table["cosine"][0], table["base_mean"][0], table["base_std"][0])
+    assert not lt.agrees(table["cosine"][1], table["base_mean"][1], table["base_std"][1])

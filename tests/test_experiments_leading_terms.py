@@ -1,4 +1,4 @@
-"""Chapter glue of leading_terms: names, the cosine callback, curve summaries, ablation, LT-3 counts, LT-6 measures."""
+"""Chapter package leading_terms: the cosine callback, curve summaries, ablation, LT-3 counts, LT-6 measures, the registry."""
 import math
 
 import pandas as pd
@@ -17,14 +17,6 @@ def batch(V=8, T=5, N=20, seed=0):
     return x[:, :-1], x[:, 1:]
 
 
-def test_weight_names():
-    assert el.weight_name("unembed.W_U") == "W_O"
-    assert el.weight_name("blocks.2.attn.W_QK") == "W2"
-    assert el.weight_name("blocks.0.attn.W_V") == "V0"
-    assert el.weight_name("blocks.1.attn.P") == "P1"
-    assert el.weight_name("blocks.1.attn.mask") is None
-
-
 def test_cosine_evaluator_on_an_ensemble_that_sits_on_the_leading_terms():
     x, y = batch()
     stats = lt.leading_stats(x, y, 8)
@@ -36,15 +28,26 @@ def test_cosine_evaluator_on_an_ensemble_that_sits_on_the_leading_terms():
         for param, name in name_of.items():
             ens.params[param][0] = pred[name].float()
             ens.params[param][1] = -pred[name].float()
-    out = el.CosineEvaluator(stats)(ens, 5)
+    out = el.CosineEvaluator(x, y, 8)(ens, 5)
     assert set(out) == {f"cos_{n}" for n in name_of.values()}
     for v in out.values():
         assert v[0] == pytest.approx(1.0, abs=1e-5) and v[1] == pytest.approx(-1.0, abs=1e-5)
-    zero = el.CosineEvaluator(stats)(Ensemble(OneHotConfig(8, 5, 2), seeds=(0,)), 0)
+    zero = el.CosineEvaluator(x, y, 8)(Ensemble(OneHotConfig(8, 5, 2), seeds=(0,)), 0)
     assert all(math.isnan(float(v[0])) for v in zero.values()), "a zero weight has no direction"
-    assert el.CosineEvaluator(stats).spec() == el.CosineEvaluator(stats).spec()
-    other = lt.leading_stats(*batch(seed=1), 8)
-    assert el.CosineEvaluator(stats).spec() != el.CosineEvaluator(other).spec()
+
+
+def test_cosine_evaluator_is_identified_by_its_first_batch_and_computes_the_statistics_lazily():
+    x, y = batch()
+    ev = el.CosineEvaluator(x, y, 8)
+    assert ev.spec() == el.CosineEvaluator(x.clone(), y.clone(), 8).spec()
+    assert ev._stats is None, "the identity needs no statistics"
+    assert ev.spec() != el.CosineEvaluator(*batch(seed=1), 8).spec()
+    assert ev.spec() != el.CosineEvaluator(x, y, 9).spec()
+    assert ev.spec() != el.CosineEvaluator(x, y, 8, attention=False).spec()
+    stats = lt.leading_stats(x, y, 8)
+    assert torch.equal(ev.stats.B, stats.B) and torch.equal(ev.stats.Q, stats.Q)
+    assert ev.stats is ev.stats, "computed once"
+    assert set(el.CosineEvaluator(x, y, 8, attention=False).directions) == {"W_O", "V"}
 
 
 def frame(rows):
@@ -117,13 +120,6 @@ def test_mean_loss_of_a_zero_model_is_log_vocab():
     assert el.mean_loss(OneHotConfig(13, 5, 3).build(), x, y, chunk=7) == pytest.approx(math.log(13))
 
 
-def test_context_lift_is_one_under_independence():
-    joint = torch.outer(torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64), torch.tensor([0.6, 0.4], dtype=torch.float64))
-    assert torch.allclose(el.context_lift(joint), torch.ones(3, 2, dtype=torch.float64))
-    joint = torch.tensor([[0.5, 0.0], [0.0, 0.5]], dtype=torch.float64)
-    assert torch.equal(el.context_lift(joint), torch.tensor([[2.0, 0.0], [0.0, 2.0]], dtype=torch.float64))
-
-
 def toy_vocab(words):
     return Vocab(list(words), [100] * len(words))
 
@@ -166,42 +162,13 @@ def test_setting_hit_rate_against_other_entities_settings():
     assert n == 2 and hits == 0.5 and base == 0.0
 
 
-def test_embedding_agreement_of_a_displacement_along_the_prediction():
-    torch.manual_seed(0)
-    V, d = 12, 6
-    B = torch.randn(V, V, dtype=torch.float64)
-    W_E0, W_U0 = torch.randn(V, d, dtype=torch.float64), torch.randn(d, V, dtype=torch.float64)
-    ids = torch.arange(8)
-    out = el.embedding_agreement(W_E0, W_E0 + 0.1 * B @ W_U0.T, W_U0, W_U0 + 0.1 * W_E0.T @ B, B, ids, n_perm=10)
-    assert out["embed"] == pytest.approx(1.0) and out["unembed"] == pytest.approx(1.0)
-    assert abs(out["embed_base_mean"]) < 0.5
-    assert el.agrees(out["embed"], out["embed_base_mean"], out["embed_base_std"])
-    assert not el.agrees(-0.5, 0.0, 0.1) and not el.agrees(0.2, 0.0, 0.1)
-
-
-def test_attention_token_scores_average_the_hooked_scores_by_token_pair():
-    from circuitbook.models.toy import ToyConfig, ToyTransformer
-
-    model = ToyTransformer(ToyConfig(d_vocab=5, n_ctx=4, d_model=8, n_layers=2, n_heads=2), seed=0)
-    tokens = torch.tensor([[0, 1, 0, 2], [1, 1, 2, 0]])
-    ids = torch.tensor([0, 1, 2])
-    scores = el.attention_token_scores(model, tokens, ids, chunk=1)
-    _, cache = model.run_with_cache(tokens)
-    s = cache["blocks.1.attn.hook_attn_scores"].double().mean(1)
-    # query token 1, key token 0: (seq 0: q1 k0) + (seq 1: q3 is token 0 - no) ... collect by hand
-    pairs = [(b, q, k) for b in range(2) for q in range(4) for k in range(q + 1)
-             if tokens[b, q] == 1 and tokens[b, k] == 0]
-    expected = sum(float(s[b, q, k]) for b, q, k in pairs) / len(pairs)
-    assert scores[1, 1, 0].item() == pytest.approx(expected)
-    assert torch.isnan(scores[0, 2, 2]) == (not any(tokens[b, q] == 2 and tokens[b, k] == 2
-                                                     for b in range(2) for q in range(4) for k in range(q + 1)))
-
-
 def test_checkpoint_steps_are_read_from_folder_names():
-    assert el._checkpoint_step("/models/pythia-1.4b-deduped/step512") == 512
-    assert el._checkpoint_step("ckpt_step-16") == 16
+    from circuitbook.experiments.leading_terms import runs
+
+    assert runs._checkpoint_step("/models/pythia-1.4b-deduped/step512") == 512
+    assert runs._checkpoint_step("ckpt_step-16") == 16
     with pytest.raises(ValueError, match="name each folder after its step"):
-        el._checkpoint_step("/models/pythia/final")
+        runs._checkpoint_step("/models/pythia/final")
 
 
 def test_activation_memory_estimate():
@@ -226,11 +193,16 @@ def test_local_checkpoints_go_through_transformer_bridge(tmp_path):
         __getattr__ = dict.__getitem__
 
     cfg = P(checkpoint_dirs=[str(tmp_path / "tiny-run" / "step4"), str(tmp_path / "tiny-run" / "step0")],
-            tinystories_path=str(tmp_path / "stories.txt"), seq_len=8, lm_eval_samples=6)
+            tinystories_path=str(tmp_path / "stories.txt"), seq_len=8, lm_eval_samples=6, notebook="05_early_lm")
     lm = el.pretrained_lm(cfg)
-    assert lm.steps == [0, 4] and lm.substitute and lm.name == "tiny-run"
-    assert lm.tokens.shape[1] == 8 and lm.n_vocab == len(tok)
-    emb, att = el.early_agreement(lm, n_frequent=5, n_perm=3)
+    assert lm.key is None and lm.n_members == 1 and lm.checkpoint_steps() == [0, 4] and lm.name == "tiny-run"
+    assert lm.metrics().empty and len(lm.models(4)) == 1
+    assert el.lm_steps(cfg, lm) == [0, 4] and el.lm_is_substitute(cfg) and el.lm_name(cfg) == "tiny-run"
+    assert el.lm_label(cfg) == "tiny-run (substitute for Pythia-1.4B)"
+    assert isinstance(el.notebook_runs(cfg)["lm"], el.LocalCheckpoints)
+    tokens, seen, n_vocab = el.lm_batch(cfg)
+    assert tokens.shape[1] == 8 and n_vocab == len(tok) and torch.equal(seen, tokens.unique())
+    emb, att = el.early_agreement(lm, el.lm_steps(cfg, lm), tokens, seen, n_vocab, n_frequent=5, n_perm=3)
     assert list(emb["step"]) == [4] and sorted(att["layer"]) == [0, 1]
     assert emb[["embed", "unembed"]].abs().max().max() <= 1.0
     with pytest.raises(FileNotFoundError, match="not local Hugging Face model folders"):
@@ -264,7 +236,7 @@ def test_cosine_evaluator_is_float64_and_never_above_one():
         ens.params["unembed.W_U"][0] = (1e3 * B).float()
         ens.params["unembed.W_U"][1] = (1e-3 * B).float()
         ens.params["unembed.W_U"][2] = (math.cos(angle) * B + math.sin(angle) * noise).float()
-    cos = el.CosineEvaluator(stats)(ens, 1)["cos_W_O"]
+    cos = el.CosineEvaluator(x, y, V)(ens, 1)["cos_W_O"]
     assert cos.dtype == torch.float64
     assert 1 - 1e-7 < cos[0] <= 1 and 1 - 1e-7 < cos[1] <= 1
     assert float(cos[2]) == pytest.approx(math.cos(angle), abs=1e-7)
@@ -285,3 +257,66 @@ def test_matrix_summary_names_the_matrices_that_fail():
     assert list(table["s_eta_above_0.9"]) == [1.5, 1.0, 2.0]
     assert el.names_or_none(table.loc[table.ends_below, "weight"]) == "W1, V0"
     assert el.names_or_none([]) == "none"
+
+
+def test_cosine_frame_long_format_with_lr_s_eta_and_epoch():
+    metrics = pd.DataFrame([{"step": s, "member": k, "train_loss": 1.0 / (s + 1), "cos_W_O": 0.5 + 0.1 * s,
+                             "cos_V1": float("nan") if s == 0 else 0.9}
+                            for s in (0, 2, 4) for k in (0, 1)])
+    f = el.cosine_frame(metrics, (0.1, 1.0), steps_per_epoch=2)
+    assert len(f) == 2 * 3 + 2 * 2, "NaN cosines are dropped"
+    row = f[(f.member == 1) & (f.step == 4) & (f.weight == "W_O")].iloc[0]
+    assert (row.lr, row.s_eta, row.epoch, row.kind, row.layer) == (1.0, 4.0, 2.0, "W_O", -1)
+    assert row.cosine == pytest.approx(0.9)
+    v = f[f.weight == "V1"].iloc[0]
+    assert (v.kind, v.layer, v.lr) == ("V", 1, 0.1)
+
+
+WORDS = ("the cat dog bird ball park tree red big little happy sad ran saw played with and a to in on was "
+         "they day sun sky mom dad friend toy box water fish boat hat cake bed book said liked home .").split()
+
+
+def smoke_cfg(tmp_path, notebook, **extra):
+    """The smoke profile on a small made-up text of 40 distinct tokens (vocabulary 40)."""
+    from circuitbook import params
+
+    text = tmp_path / "stories.txt"
+    if not text.exists():
+        gen = torch.Generator().manual_seed(0)
+        lines = [" ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (60,), generator=gen)) for _ in range(50)]
+        text.write_text("\n".join(lines))
+    return params.resolve("leading_terms", notebook, "smoke",
+                          {"tinystories_path": str(text), "vocab_size": len(WORDS), **extra})
+
+
+def test_notebook_runs_names_each_notebooks_runs(tmp_path, runs_dir):
+    from circuitbook.training.planning import planning
+
+    assert el.notebook_runs(smoke_cfg(tmp_path, "01_corpus")) == {}
+    with planning() as plan:
+        roles = {nb: list(el.notebook_runs(smoke_cfg(tmp_path, nb))) for nb in
+                 ("02_training", "03_ablation", "04_bpe", "05_early_lm")}
+    assert roles == {"02_training": ["main"], "03_ablation": ["main"], "04_bpe": ["bpe"], "05_early_lm": ["lm"]}
+    assert [r.dir.name for r in plan.runs] == [el.MAIN, el.BPE, el.EARLY_LM]
+    assert not any(r.complete for r in plan.runs)
+
+
+def test_the_planned_main_run_is_the_trained_one(tmp_path, runs_dir):
+    """The callback is identified by its first batch, not by its statistics: planning gives the key the
+    notebook then trains, and the statistics are computed only when the run trains (or when asked for)."""
+    from circuitbook.training.planning import planning
+
+    cfg = smoke_cfg(tmp_path, "02_training")
+    el.runs._EVALUATORS.clear()
+    with planning() as plan:
+        planned = el.notebook_runs(cfg)["main"]
+    assert el.cosine_evaluator(cfg)._stats is None, "planning computes no statistics"
+    trained = el.notebook_runs(cfg)["main"]
+    assert [r.key for r in plan.runs] == [planned.key] and trained.key == planned.key
+    m = trained.metrics()
+    assert m.loc[m.step > 0, "cos_W_O"].notna().all(), "logged from the first step on (at step 0 every weight is 0)"
+    again = smoke_cfg(tmp_path, "03_ablation")
+    assert el.notebook_runs(again)["main"].key == trained.key, "03 reads 02's run"
+    stats = el.first_batch_stats(again)
+    batch = el.first_batch(cfg)
+    assert torch.equal(stats.B, lt.leading_stats(batch.tokens, batch.labels, el.make_task(cfg).vocab_size).B)

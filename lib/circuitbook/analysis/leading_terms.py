@@ -18,8 +18,15 @@ After s plain-SGD steps of size eta from zero (Theorem D.7's leading terms):
     W_O ~ s eta B,   V ~ C(s,2) eta^2 Phi^T B^T,   W ~ (3 C(s,4) + 2 C(s,3)) eta^4 Q,
     P ~ (3 C(s,4) + 2 C(s,3)) eta^4 q_pos          (every layer alike at this order).
 
-During training, `CosineEvaluator` (an evaluation callback of `circuitbook.train`) logs the cosine
-of every weight with its leading-term direction.
+During training the chapter's `CosineEvaluator` (`experiments.leading_terms.evaluate`) logs the
+cosine of every weight with its leading-term direction (`weight_name`, `kind_of`, `cosine`).
+
+Measures that read the maps (any corpus, any model):
+    `context_lift`      the context joint against its marginals (what Phi ranks beyond frequency);
+    `similarity`        Sigma_B as cosine similarities of the outputs' columns of B;
+    `frequent_ids`, `embedding_agreement`, `attention_token_scores`, `centred_over_keys`,
+    `attention_agreement`, `agrees`: a causal language model's early checkpoints against the
+    features B and Q of a corpus batch, with permutation baselines.
 
 Sign convention: the paper's loss gradient at zero is dL/dW_O = -B, so one SGD step gives
 W_O = +eta B exactly; V and W are applied as h V and h W h^T. Everything here is computed with
@@ -27,10 +34,11 @@ index arithmetic on token ids (no [N, T, |V|] one-hot tensor), in float64 by def
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 
+import numpy as np
+import pandas as pd
 import torch
 
 WEIGHT_KINDS = ("W_O", "V", "W", "P")
@@ -284,39 +292,118 @@ def weight_name(param: str) -> str | None:
     return None
 
 
-class CosineEvaluator:
-    """An evaluation callback: cos(weight, leading term) of every weight of every member.
 
-    Logged as `cos_<weight>` (W_O, W0, V0, P0, ...). The leading-term directions are fixed (they
-    come from the first batch), so the curves need no checkpoint. The cosines are computed in
-    float64 from the (float32) weights: a float32 dot product over |V|^2 entries errs by about
-    1e-5, more than the fourth decimal where the paper's values differ (and it can exceed 1). In
-    float64 the error is about 1e-13; what remains above 1 (or below -1) is clipped, as
-    Cauchy-Schwarz says it must be.
-    """
+# ---------------------------------------------------------------- reading the maps
 
-    def __init__(self, stats: LeadingStats):
-        self.directions = {kind: stats.direction(kind).double() for kind in WEIGHT_KINDS
-                           if kind in ("W_O", "V") or stats.Q is not None}
-        h = hashlib.sha256(b"float64")
-        for kind in sorted(self.directions):
-            h.update(self.directions[kind].numpy().tobytes())
-        self.digest = h.hexdigest()[:16]
+def context_lift(joint: torch.Tensor) -> torch.Tensor:
+    """J[k, c] / (J[k, :].sum() J[:, c].sum()) for the context joint J (`context_joint`; Phi is J
+    minus its 1/|V| part). A column of Phi ranks outputs mostly by their frequency; the lift ranks
+    how much more often k follows c in the context than their frequencies alone imply."""
+    outer = joint.sum(1, keepdim=True) * joint.sum(0, keepdim=True)
+    return torch.where(outer > 0, joint / outer.clamp(min=1e-300), torch.zeros_like(joint))
 
-    @torch.no_grad()
-    def __call__(self, ens, step: int) -> dict:
-        out = {}
-        for param, value in ens.params.items():
-            name = weight_name(param)
-            if name is None or kind_of(name) not in self.directions:
-                continue
-            d = self.directions[kind_of(name)].to(value.device).flatten()
-            flat = value.detach().double().flatten(1)  # [K, n]
-            dots = flat @ d
-            norms = flat.norm(dim=1) * d.norm()
-            cos = (dots / norms.clamp(min=1e-300)).clamp(-1.0, 1.0)
-            out[f"cos_{name}"] = torch.where(norms > 0, cos, torch.nan).cpu()
-        return out
 
-    def spec(self) -> dict:
-        return {"leading_term_cosines": self.digest}
+def similarity(Sigma_B: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity of the outputs' columns of B: Sigma_B[k, k'] / sqrt(Sigma_B[k, k] Sigma_B[k', k'])."""
+    d = Sigma_B.diagonal().clamp(min=1e-300).sqrt()
+    return Sigma_B / d[:, None] / d[None, :]
+
+
+# ---------------------------------------------------------------- a language model's early checkpoints
+# The paper compares Pythia-1.4B's checkpoints step0..step512 with the leading-term features. For any
+# causal LM with untied embedding W_E [V, d] and unembedding W_U [d, V] (a TransformerBridge or the
+# book's ToyTransformer):
+#   embeddings   the first gradient step moves W_E by -eta dL/dW_E = eta B W_U(0)^T (up to the
+#                layers between them) and W_U by eta W_E(0)^T B; we compare the displacement
+#                W_E(s) - W_E(0) on the frequent tokens with B W_U(0)^T, and W_U(s) - W_U(0) with
+#                W_E(0)^T B (cosines);
+#   attention    per layer, the mean pre-softmax score from a query token a to a key token b on
+#                corpus text (averaged over heads and positions), minus its value at step 0,
+#                against the attention feature Q[a, b], both centred over keys (softmax ignores a
+#                per-query constant), on the frequent tokens.
+# Baselines: the same cosines with the feature's token labels permuted at random.
+
+def frequent_ids(inputs: torch.Tensor, k: int) -> torch.Tensor:
+    """The k most frequent token ids of a batch (fewer if fewer occur), in increasing id order."""
+    counts = torch.bincount(inputs.reshape(-1))
+    return counts.topk(min(k, int((counts > 0).sum()))).indices.sort().values
+
+
+def embedding_agreement(W_E0, W_E, W_U0, W_U, B: torch.Tensor, ids: torch.Tensor, n_perm: int = 20,
+                        seed: int = 0) -> dict:
+    """Cosines of the embedding and unembedding displacements with their first-step directions on
+    the tokens `ids`, and their permutation baselines (mean and std over n_perm shuffles of the
+    feature's token labels: B[perm][:, perm])."""
+    B, W_E0, W_U0 = B.double(), W_E0.double(), W_U0.double()
+    dE = (W_E.double() - W_E0)[ids]
+    dU = (W_U.double() - W_U0)[:, ids]
+    gen = torch.Generator().manual_seed(seed)
+    base_E, base_U = [], []
+    for _ in range(n_perm):
+        perm = torch.randperm(len(B), generator=gen)
+        base_E.append(cosine(dE, B[perm[ids]][:, perm] @ W_U0.T))
+        base_U.append(cosine(dU, W_E0.T @ B[:, perm[ids]][perm]))
+    return {"embed": cosine(dE, B[ids] @ W_U0.T), "embed_base_mean": float(np.mean(base_E)),
+            "embed_base_std": float(np.std(base_E)), "unembed": cosine(dU, W_E0.T @ B[:, ids]),
+            "unembed_base_mean": float(np.mean(base_U)), "unembed_base_std": float(np.std(base_U))}
+
+
+@torch.no_grad()
+def attention_token_scores(model, tokens: torch.Tensor, ids: torch.Tensor, chunk: int = 16) -> torch.Tensor:
+    """[n_layers, K, K]: mean pre-softmax score (over heads, positions and occurrences) from a query
+    token ids[a] to a key token ids[b], causal pairs only; NaN where a pair never occurs. `model`
+    has `cfg.n_layers` and `run_with_cache` with hooks `blocks.{l}.attn.hook_attn_scores`."""
+    n_layers = model.cfg.n_layers
+    K = len(ids)
+    lookup = torch.full((max(int(tokens.max()), int(ids.max())) + 1,), -1, dtype=torch.long)
+    lookup[ids] = torch.arange(K)
+    sums = torch.zeros(n_layers, K * K, dtype=torch.float64)
+    counts = torch.zeros(K * K, dtype=torch.float64)
+    names = [f"blocks.{l}.attn.hook_attn_scores" for l in range(n_layers)]
+    for s in range(0, len(tokens), chunk):
+        x = tokens[s:s + chunk]
+        n, T = x.shape
+        _, cache = model.run_with_cache(x, names_filter=lambda name: name in names)
+        q, k = lookup[x][:, :, None].expand(n, T, T), lookup[x][:, None, :].expand(n, T, T)
+        keep = (q >= 0) & (k >= 0) & torch.tril(torch.ones(T, T, dtype=torch.bool))
+        flat = (q * K + k)[keep]
+        counts += torch.bincount(flat, minlength=K * K).double()
+        for l, name in enumerate(names):
+            scores = cache[name].double().mean(1)  # over heads: [n, T, T]
+            sums[l] += torch.bincount(flat, weights=scores[keep], minlength=K * K)
+    out = sums / counts
+    out[:, counts == 0] = float("nan")
+    return out.reshape(n_layers, K, K)
+
+
+def centred_over_keys(M: torch.Tensor) -> torch.Tensor:
+    """Subtract each query row's mean over the keys it has (NaN entries ignored, then set to 0)."""
+    mean = torch.nanmean(M, dim=-1, keepdim=True)
+    return torch.nan_to_num(M - mean, nan=0.0)
+
+
+def attention_agreement(scores: torch.Tensor, scores0: torch.Tensor, Q: torch.Tensor, ids: torch.Tensor,
+                        n_perm: int = 20, seed: int = 0) -> pd.DataFrame:
+    """Per layer: cosine of the score change (query x key, centred over keys) with Q on `ids`, and
+    its permutation baseline (Q with its token labels shuffled). scores, scores0: [n_layers, K, K]
+    from `attention_token_scores` (NaN: a pair that never occurs, left out)."""
+    Q = Q.double()
+    seen = ~torch.isnan(scores[0])
+    gen = torch.Generator().manual_seed(seed)
+    target = centred_over_keys(torch.where(seen, Q[ids][:, ids], torch.nan))
+    shuffled = []
+    for _ in range(n_perm):
+        pi = torch.randperm(len(Q), generator=gen)[ids]
+        shuffled.append(centred_over_keys(torch.where(seen, Q[pi][:, pi], torch.nan)))
+    rows = []
+    for l in range(scores.shape[0]):
+        delta = centred_over_keys(torch.where(seen, scores[l] - scores0[l], torch.nan))
+        base = [cosine(delta, t) for t in shuffled]
+        rows.append({"layer": l, "cosine": cosine(delta, target), "base_mean": float(np.mean(base)),
+                     "base_std": float(np.std(base))})
+    return pd.DataFrame(rows)
+
+
+def agrees(value: float, base_mean: float, base_std: float, z: float = 3.0) -> bool:
+    """A positive agreement beyond z standard deviations of its permutation baseline."""
+    return bool(value > 0 and value > base_mean + z * max(base_std, 1e-12))
