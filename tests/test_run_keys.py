@@ -81,3 +81,42 @@ def test_source_digest_ignores_comments_docstrings_and_blank_lines(tmp_path):
     e = tmp_path / "e.py"
     e.write_text('def f():\n    x = "# not a comment, changed"\n    return x\n')
     assert runs.source_digest(d) != runs.source_digest(e), "a '#' inside a string is code"
+
+
+# A chapter's run: the main run of assign_add (its model, task and ProgressEvaluator) and a restricted IMIR model.
+def chapter_key(package):
+    from circuitbook.experiments import assign_add as ea
+    from circuitbook.models.imir import IMIRConfig
+    from circuitbook.tasks.assign_add import AssignAddTask
+
+    task = AssignAddTask(train_fraction=0.7, split_seed=0)
+    imir = IMIRConfig(tuple([0] * 4), (1, 0, 3, 2), 3)
+    return runs.code_version([task, ea.ProgressEvaluator(task, pool_size=10, probe_size=8), imir], root=package)
+
+
+CHAPTER_NOT_IN_THE_KEY = [
+    ("experiments/assign_add/measure.py", "def residual_at(", "def _unused():\n    return 2\n\n\ndef residual_at("),
+    ("experiments/assign_add/records.py", "def pace_phrase(", "def _unused():\n    return 3\n\n\ndef pace_phrase("),
+    ("experiments/assign_add/runs.py", "SWEEP_SEED_STRIDE = 1000", "SWEEP_SEED_STRIDE = 1000\n_UNUSED = 4"),
+    ("plan.py", "PLAN_BUDGET_S = 300", "PLAN_BUDGET_S = 301"),
+]
+CHAPTER_IN_THE_KEY = [
+    ("experiments/assign_add/evaluate.py", "MEASURES_VERSION = 3", "MEASURES_VERSION = 30"),  # the evaluator's module
+    ("analysis/attention.py", "def template_cosine(", "Z = 3\n\n\ndef template_cosine("),  # its RUN_KEY_SOURCES
+    ("models/imir.py", "class IMIRModel(nn.Module):", "W = 5\n\n\nclass IMIRModel(nn.Module):"),
+    ("analysis/imir.py", "    def direction_norm(", "    V = 6\n\n    def direction_norm("),  # IMIR's RUN_KEY_SOURCES
+]
+
+
+@pytest.mark.parametrize("rel, old, new", CHAPTER_NOT_IN_THE_KEY, ids=[f"{r}:{o[:20]}" for r, o, _ in CHAPTER_NOT_IN_THE_KEY])
+def test_editing_a_chapters_measures_records_or_run_definitions_keeps_its_runs_keys(package, rel, old, new):
+    before = chapter_key(package)
+    _edit(package / rel, old, new)
+    assert chapter_key(package) == before
+
+
+@pytest.mark.parametrize("rel, old, new", CHAPTER_IN_THE_KEY, ids=[f"{r}:{o[:20]}" for r, o, _ in CHAPTER_IN_THE_KEY])
+def test_editing_a_chapters_evaluator_or_model_or_what_they_compute_through_changes_the_key(package, rel, old, new):
+    before = chapter_key(package)
+    _edit(package / rel, old, new)
+    assert chapter_key(package) != before
