@@ -133,3 +133,17 @@ def test_choose_groups_takes_the_largest_value_that_still_fits():
     assert [(g.name, why) for g, why in skipped] == [("broken", "x: cannot plan it"),
                                                      ("dear", "needs ~5m 00s, 1m 20s left")]
     assert choose_groups([big], 199) == ([], [(big, "needs ~3m 20s, 3m 19s left")])
+
+
+def test_chapter_runs_resolves_that_chapters_parameters_and_calls_its_registry(runs_dir):
+    from circuitbook.training.planning import planning
+
+    with planning() as plan:
+        runs = cb.chapter_runs("assign_add", "02_training", "smoke")
+    assert list(runs) == ["main"]
+    direct = planned_runs("assign_add", "02_training", "smoke")
+    assert [(r.dir.name, r.key) for r in plan.runs] == [(r.dir.name, r.key) for r in direct]
+    assert runs["main"].key == direct[-1].key  # the continuation's key names the composed run
+    with planning():
+        wider = cb.chapter_runs("assign_add", "02_training", "smoke", d_model=24)
+    assert wider["main"].key != runs["main"].key  # overrides are that chapter's parameters
