@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from circuitbook.analysis import ace
-from circuitbook.analysis.compare import projector_overlap
+from circuitbook.analysis.compare import projector_overlap, weight_cosine
 from circuitbook.experiments import algorithmic_cores as ac
 from circuitbook.models.toy import ToyConfig, ToyTransformer
 
@@ -90,46 +90,6 @@ def test_paper_keep_drops_the_mean_along_silent_directions_the_readout_reads(pla
 
 
 # ------------------------------------------------------------------ readout-side validation
-@pytest.mark.parametrize("norm", ["LN", None, "postLN"])
-@pytest.mark.parametrize("definition", [ace.BOOK, ace.PAPER])
-def test_validate_readout_equals_hook_validation(norm, definition):
-    cfg = ToyConfig(d_vocab=7, n_ctx=4, d_model=16, n_layers=2, n_heads=2, d_mlp=32, d_vocab_out=5, normalization=norm)
-    model = ToyTransformer(cfg, seed=1).eval()
-    tokens = torch.randint(0, 7, (300, 4), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        labels = model(tokens)[:, -1].argmax(-1)
-    labels[::3] = (labels[::3] + 1) % 5  # not all correct
-    core, inputs = ac.ace_final(model, tokens, definition=ac.with_threshold(definition, 0.99))
-    ref = ace.validate_core(model, tokens, labels, ac.final_hook(cfg), core, chance=0.2, definition=definition,
-                            energy_rank=2)
-    got = ac.validate_readout(model, inputs.activations, labels, core, chance=0.2, definition=definition,
-                              energy_rank=2)
-    assert got.clean == pytest.approx(ref.clean)
-    for mode in ("keep", "remove", "flip"):
-        assert getattr(got, mode) == pytest.approx(getattr(ref, mode), abs=1e-6)
-    assert (got.sufficient_dim, got.necessary_dim) == (ref.sufficient_dim, ref.necessary_dim)
-    assert got.definition == definition.name and got.centered == definition.centered
-    with pytest.raises(ValueError, match="modes"):
-        ac.validate_readout(model, inputs.activations, labels, core, chance=0.2, modes=("keep", "zap"))
-
-
-@pytest.mark.parametrize("norm", ["LN", None, "postLN"])
-@pytest.mark.parametrize("outputs", ["centred", "raw"])
-def test_readout_jacobians_equal_autograd_through_the_model(norm, outputs):
-    cfg = ToyConfig(d_vocab=7, n_ctx=4, d_model=16, n_layers=2, n_heads=2, d_mlp=32, normalization=norm)
-    model = ToyTransformer(cfg, seed=3).eval()
-    tokens = torch.randint(0, 7, (30, 4), generator=torch.Generator().manual_seed(2))
-    out_fn = ac.centred_logits if outputs == "centred" else None
-    ref = ace.collect_ace_inputs(model, tokens, ac.final_hook(cfg), output_fn=out_fn, position="all")
-    definition = ace.BOOK if outputs == "centred" else ace.PAPER
-    core, got = ac.ace_final(model, tokens, position="all", definition=definition)
-    assert torch.allclose(got.activations, ref.activations, atol=1e-6)
-    assert torch.allclose(got.jacobians, ref.jacobians, atol=1e-5)
-    assert (got.n_sequences, got.n_positions) == (30, 4)
-    with pytest.raises(ValueError, match="outputs"):
-        ac.readout_jacobians(model, got.activations[:3], outputs="softmax")
-
-
 def test_collect_many_equals_one_hook_at_a_time():
     cfg = ToyConfig(d_vocab=7, n_ctx=4, d_model=16, n_layers=2, n_heads=2, d_mlp=32, normalization="LN")
     model = ToyTransformer(cfg, seed=2).eval()
@@ -238,20 +198,26 @@ def test_state_conditional_operator_recovers_the_chain():
     assert ac.eig_relative_error(plain.eigenvalues, chain.eigenvalues()[1:]) > 0.1
 
 
+MARKOV_CFG = dict(markov_states=4, markov_stay=0.75, markov_n_train=64, markov_n_test=40, markov_length=12,
+                  markov_d_model=16, markov_n_heads=2, markov_d_mlp=32, markov_epochs=5, markov_batch=32,
+                  markov_lr=3e-3, markov_seeds=[0, 100], markov_eval_sequences=20, markov_dropout=0.1,
+                  energy_threshold=0.999)
+
+
 def test_markov_pipeline_on_a_tiny_run(runs_dir):
-    cfg = SimpleNamespace(markov_states=4, markov_stay=0.75, markov_n_train=64, markov_n_test=40, markov_length=12,
-                          markov_d_model=16, markov_n_heads=2, markov_d_mlp=32, markov_epochs=5, markov_batch=32,
-                          markov_lr=3e-3, markov_seeds=[0, 100], markov_eval_sequences=20, markov_dropout=0.1,
-                          energy_threshold=0.999)
+    cfg = SimpleNamespace(**MARKOV_CFG)
+    chain, test = ac.markov_chain(cfg), ac.markov_task(cfg).test
     for setup, norm, dropout, init, definition in (("paper", "postLN", 0.1, "pytorch", "paper"),
                                                    ("normal_init", "postLN", 0.1, "normal", "paper"),
                                                    ("book", "LN", 0.0, "normal", "book")):
-        exp = ac.train_markov(cfg, setup)
-        assert exp.train_config.steps == 10 and exp.run.n_members == 2
-        assert (exp.model_config.normalization, exp.model_config.dropout) == (norm, dropout)
-        assert exp.model_config.init == init
-        assert exp.definition.name == definition
-        members = [ac.markov_member_analysis(exp, k, n_sequences=20) for k in range(2)]
+        run = ac.train_markov(cfg, setup)
+        model_cfg = ac.markov_model_config(cfg, setup)
+        assert run.train_config.steps == 10 and run.n_members == 2
+        assert (model_cfg.normalization, model_cfg.dropout) == (norm, dropout)
+        assert model_cfg.init == init and run.model_config == model_cfg
+        assert ac.markov_definition(cfg, setup).name == definition
+        members = [ac.markov_member_analysis(run, k, chain, test, ac.markov_definition(cfg, setup), n_sequences=20)
+                   for k in range(2)]
         for m in members:
             assert m.core.rank >= 1 and m.coords.shape == (20, 11, m.core.rank)
             assert 0 <= m.common_mode_share <= 1 and m.centred_rank >= 1
@@ -261,17 +227,43 @@ def test_markov_pipeline_on_a_tiny_run(runs_dir):
                 assert m.common_mode_share == 0.0 and m.centred_rank == m.core.rank
             assert m.activations.shape == (220, 16) and 0 <= m.accuracy <= 1
             assert m.validation.definition == definition
-        pairs = ac.markov_pairs(exp, members)
+        assert [m.seed for m in members] == [0, 100]
+        pairs = ac.markov_pairs(run, members, chain)
         assert len(pairs) == 1 and 0 <= pairs.overlap[0] <= 1 and 0 <= pairs.cca_mean[0] <= 1 + 1e-9
         # the weights at step 0 are the members' random initialisations
-        init = ac.weight_cosine(ac.weight_matrices(exp.run.model(0, step=0)),
-                                ac.weight_matrices(ToyTransformer(exp.model_config, seed=0))).overall
+        init = weight_cosine(ac.weight_matrices(run.model(0, step=0)),
+                             ac.weight_matrices(ToyTransformer(model_cfg, seed=0))).overall
         assert init == pytest.approx(1.0)
-        values = ac.markov_claim_values(exp, members, pairs)
+        values = ac.markov_claim_values(chain, members, pairs)
         assert len(values["core_dim"]) == 2 and values["max_weight_cosine"] == abs(pairs.weight_cosine[0])
-    assert exp.run.key != ac.train_markov(cfg, "paper").run.key
-    with pytest.raises(ValueError, match="setup"):
-        ac.markov_setup(cfg, "pre-LN")
+        assert set(run.metrics().columns) >= {"acc_train", "acc_test"}
+    assert run.key != ac.train_markov(cfg, "paper").key
+    for bad in (ac.markov_model_config, ac.markov_definition, ac.train_markov):
+        with pytest.raises(ValueError, match="setup"):
+            bad(cfg, "pre-LN")
+
+
+def test_next_token_accuracy_scores_every_position():
+    """The Markov runs' callback: every-position accuracy per member (member 0's own predictions as labels: 1),
+    an `Evaluator` that digests its pools."""
+    from circuitbook.tasks.base import Batch
+    from circuitbook.training import Ensemble, Evaluator
+
+    cfg = ToyConfig(d_vocab=4, n_ctx=5, d_model=8, n_heads=2, d_mlp=0)
+    ens = Ensemble(cfg, [0, 1])
+    tokens = torch.randint(0, 4, (10, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        pred = ens.logits(tokens).argmax(-1)
+    labels = pred[0].clone()
+    evaluate = ac.NextTokenAccuracy({"x": Batch(tokens, labels)})
+    out = evaluate(ens, 0)["acc_x"]
+    assert isinstance(evaluate, Evaluator) and list(evaluate(ens, 0)) == ["acc_x"]
+    assert out[0] == pytest.approx(1.0) and out[1] == pytest.approx((pred[1] == labels).float().mean())
+    spec = evaluate.spec()
+    assert spec["evaluator"] == "NextTokenAccuracy" and spec["positions"] == "all" and "x" in spec["pools"]
+    assert ac.NextTokenAccuracy({"x": Batch(tokens, labels.roll(1, 0))}).spec() != spec
+    with pytest.raises(ValueError, match="one Batch"):
+        ac.NextTokenAccuracy({"x": [Batch(tokens, labels)]})
 
 
 def test_setups_side_by_side():
@@ -281,34 +273,6 @@ def test_setups_side_by_side():
     out = ac.compare_setups({"paper": {"x": [1.0, 2.0, 3.0]}, "book": {"x": [4.0, 4.0, 4.0]}}, {"x": "ac_x"})
     assert out.to_dict("records") == [{"measurement": "x", "recorded as": "ac_x", "paper": "2 (1 to 3)",
                                        "book": "4 (4 to 4)"}]
-
-
-def test_random_baselines_have_their_known_means():
-    # E ||Qa^T Qb||_F^2 = ra rb / D for independent uniform subspaces, so the overlap averages sqrt(ra rb) / D
-    assert ac.random_subspace_overlap(64, 3, 3, n_draws=2000) == pytest.approx(3 / 64, rel=0.05)
-    assert ac.random_subspace_overlap(16, 2, 8, n_draws=2000) == pytest.approx(4 / 16, rel=0.05)
-    # activations that are one 3-D signal in both models: every random 3-D projection sees all of it
-    gen = torch.Generator().manual_seed(0)
-    signal = torch.randn(2000, 3, generator=gen, dtype=torch.float64)
-    a = signal @ torch.randn(3, 10, generator=gen, dtype=torch.float64)
-    b = signal @ torch.randn(3, 12, generator=gen, dtype=torch.float64)
-    same = ac.random_projection_cca(a, b, 3, 3, n_draws=5)
-    assert all(v == pytest.approx(1.0, abs=1e-9) for v in same.values())
-    other = ac.random_projection_cca(a, torch.randn(2000, 12, generator=gen, dtype=torch.float64), 3, 3)
-    assert other["cca_top"] < 0.15 and other["cca_top3_min"] <= other["cca_top3_mean"] <= other["cca_top"]
-
-
-def test_cca_summary_reads_the_top_three_as_the_paper_does():
-    """Four directions of which three are shared (correlation ~1) and one is independent noise: the top-3
-    summary is ~1 while the mean over every direction is pulled to ~0.75 (the book-init Markov cores)."""
-    gen = torch.Generator().manual_seed(1)
-    shared = torch.randn(5000, 3, generator=gen, dtype=torch.float64)
-    X = torch.cat([shared, torch.randn(5000, 1, generator=gen, dtype=torch.float64)], 1)
-    Y = torch.cat([shared @ torch.randn(3, 3, generator=gen, dtype=torch.float64),
-                   torch.randn(5000, 1, generator=gen, dtype=torch.float64)], 1)
-    out = ac.cca_summary(ac.cca(X, Y))
-    assert out["cca_top"] == pytest.approx(1.0, abs=1e-9) and out["cca_top3_min"] == pytest.approx(1.0, abs=1e-9)
-    assert out["cca_mean"] == pytest.approx(0.75, abs=0.02)
 
 
 # ------------------------------------------------------------------ grokking helpers
@@ -392,18 +356,21 @@ def test_seed_mean_exponent_fits_the_mean_delay_per_sweep_point():
     assert ac.seed_mean_exponent(times[times.omega < 1.6], "omega") is None  # two points: no fit
 
 
-def test_first_crossing_and_grokking_times():
+def test_grokking_times():
     steps = np.arange(0, 1000, 10)
     train = np.clip(steps / 100, 0, 1)  # reaches 1 at step 100
     test = (steps >= 640).astype(float)
-    assert ac.first_crossing(steps, train, 0.99) == 100
-    assert math.isnan(ac.first_crossing(steps, train * 0.5, 0.99))
     df = pd.DataFrame({"step": np.concatenate([steps, steps]), "member": [0] * 100 + [1] * 100,
                        "seed": [5] * 100 + [6] * 100, "acc_train": np.concatenate([train, train]),
                        "acc_test": np.concatenate([test, np.zeros(100)])})
     times = ac.grokking_times(df)
     assert times.loc[0, ["tau_mem", "tau_grok", "delay"]].tolist() == [100, 640, 540]
     assert math.isnan(times.loc[1, "tau_grok"]) and times.loc[1, "seed"] == 6
+    # the first evaluated step at or above the level, not interpolated (unsorted steps are sorted first)
+    steps3 = pd.DataFrame({"step": [20, 0, 10, 30], "member": 0, "seed": 1, "acc_train": [1.0, 0.0, 0.995, 0.5],
+                           "acc_test": [0.5, 0.0, 0.2, 0.98]})
+    row = ac.grokking_times(steps3).iloc[0]
+    assert row["tau_mem"] == 10.0 and math.isnan(row["tau_grok"]) and math.isnan(row["delay"])
 
 
 def test_grokking_summary_and_growth():
@@ -446,18 +413,52 @@ def test_final_frequencies_of_rotations():
     assert ac.eigen_frequencies(np.exp(2j * np.pi * np.array([2.5]) / p), p) == pytest.approx([2.5])
 
 
+GROK_CFG = dict(grok_p=7, grok_train_fraction=0.5, grok_layers=1, grok_d_model=8, grok_heads=2, grok_d_mlp=16,
+                grok_lr=1e-3, grok_wd=1.0, grok_batch=8, grok_epochs=6, grok_checkpoint_every_epochs=2,
+                grok_seeds=[0], grok_block="paper", grok_dropout=0.1, grok_fork_epoch=None)
+
+
 def test_choose_fork_step_uses_the_paper_epoch_or_the_midpoint(runs_dir):
-    cfg = SimpleNamespace(grok_p=7, grok_train_fraction=0.5, grok_layers=1, grok_d_model=8, grok_heads=2, grok_d_mlp=16,
-                          grok_lr=1e-3, grok_wd=1.0, grok_batch=8, grok_epochs=6, grok_checkpoint_every_epochs=2,
-                          grok_seeds=[0], grok_block="paper", grok_dropout=0.1)
-    exp = ac.train_grokking(cfg)
-    spe = exp.task.steps_per_epoch(8)  # 24 training pairs at batch 8: 3 steps per epoch
-    assert spe == 3 and exp.run.checkpoint_steps() == [0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 14, 18]
+    cfg = SimpleNamespace(**GROK_CFG)
+    run = ac.train_grokking(cfg)
+    spe = ac.grokking_task(cfg).steps_per_epoch(8)  # 24 training pairs at batch 8: 3 steps per epoch
+    assert spe == 3 and run.checkpoint_steps() == [0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 14, 18]
     times = pd.DataFrame({"member": [0], "tau_mem": [4.0], "tau_grok": [17.0]})
-    assert ac.choose_fork_step(exp, 3, times) == 9  # the last checkpoint at or before epoch 3 (step 9)
-    assert ac.choose_fork_step(exp, 2, times) == 6
-    assert ac.choose_fork_step(exp, None, times) == 9  # at or before the midpoint 10.5 of 4 and 17
-    assert ac.choose_fork_step(exp, None, times.assign(tau_grok=float("nan"))) == exp.run.checkpoint_steps()[1]
+    at = lambda epoch: SimpleNamespace(**{**GROK_CFG, "grok_fork_epoch": epoch})
+    assert ac.choose_fork_step(at(3), run, times) == 9  # the last checkpoint at or before epoch 3 (step 9)
+    assert ac.choose_fork_step(at(2), run, times) == 6
+    assert ac.fork_step(at(2), run) == 6  # the paper's epoch needs no curves
+    assert ac.choose_fork_step(cfg, run, times) == 9  # at or before the midpoint 10.5 of 4 and 17
+    assert ac.choose_fork_step(cfg, run, times.assign(tau_grok=float("nan"))) == run.checkpoint_steps()[1]
+    # from the run's own curves, as the notebook and notebook_runs choose it
+    assert ac.fork_step(cfg, run) == ac.auto_fork_step(run, ac.grokking_times(run.metrics()))
+    branch = ac.train_wd0_branch(cfg, run, 6)
+    assert branch.train_config.weight_decay == 0.0 and branch.train_config.steps == run.train_config.steps
+    assert min(branch.checkpoint_steps()) >= 6
+
+
+def test_notebook_runs_are_planned_without_training(runs_dir):
+    """notebook_runs inside planning(): every run of each notebook, nothing trained; a fork step chosen from
+    curves is planned at the middle checkpoint, with a note."""
+    from circuitbook import params
+    from circuitbook.training import planning
+
+    expected = {"01_planted": [], "02_markov": ["algorithmic_cores/markov", "algorithmic_cores/markov_normal_init",
+                                                "algorithmic_cores/markov_book"],
+                "03_grokking": ["algorithmic_cores/grokking", "algorithmic_cores/grokking_wd0"],
+                "04_delay_law": ["algorithmic_cores/omega_sweep", "algorithmic_cores/p_sweep_7",
+                                 "algorithmic_cores/p_sweep_11", "algorithmic_cores/p_sweep_13"],
+                "05_agreement": []}
+    for nb, names in expected.items():
+        cfg = params.resolve("algorithmic_cores", nb, "smoke")
+        with planning.planning() as plan:
+            runs = ac.notebook_runs(cfg)
+        assert [r.dir.name for r in plan.runs] == names and [r.dir.name for r in runs.values()] == names
+        if nb == "03_grokking":
+            steps = runs["grokking"].checkpoint_steps()
+            assert runs["wd0"].start == steps[len(steps) // 2]
+            assert "middle checkpoint" in plan.notes["algorithmic_cores/grokking_wd0"]
+    assert not runs_dir.exists() or not any(runs_dir.rglob("config.json"))
 
 
 def test_per_seed_exponents_and_fits_that_cannot_be_made():

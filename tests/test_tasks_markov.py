@@ -3,10 +3,7 @@
 import pytest
 import torch
 
-from circuitbook.models.toy import ToyConfig
-from circuitbook.tasks.base import Batch
-from circuitbook.tasks.markov import MarkovChain, MarkovSequences, next_token_accuracy
-from circuitbook.training import Ensemble
+from circuitbook.tasks.markov import MarkovChain, MarkovSequences
 
 
 def test_circulant_chain_known_answers():
@@ -62,15 +59,3 @@ def test_bad_matrices_are_refused(bad):
     with pytest.raises(ValueError):
         MarkovChain(bad)
 
-
-def test_next_token_accuracy_callback():
-    cfg = ToyConfig(d_vocab=4, n_ctx=5, d_model=8, n_heads=2, d_mlp=0)
-    ens = Ensemble(cfg, [0, 1])
-    tokens = torch.randint(0, 4, (10, 5), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        pred = ens.logits(tokens).argmax(-1)
-    labels = pred[0].clone()
-    evaluate = next_token_accuracy({"x": Batch(tokens, labels)})
-    out = evaluate(ens, 0)["acc_x"]
-    assert out[0] == pytest.approx(1.0) and out[1] == pytest.approx((pred[1] == labels).float().mean())
-    assert "next_token_accuracy" in evaluate.spec()

@@ -113,22 +113,3 @@ class MarkovSequences(FixedDataset):
         return {"task": "markov_sequences", "chain": self.chain.spec(), "n_train": self.n_train,
                 "n_test": self.n_test, "length": self.length, "data_seed": self.data_seed}
 
-
-def next_token_accuracy(pools: dict[str, Batch], prefix: str = "acc_"):
-    """An evaluation callback for `train`: every-position next-token accuracy of every member on each pool.
-
-    It lives beside the task so that a run's key depends on this module, not on the chapter's analysis code.
-    """
-    from ..training.evaluate import tensor_digest as _tensor_digest
-
-    @torch.no_grad()
-    def evaluate(ens, step: int) -> dict:
-        out = {}
-        for name, batch in pools.items():
-            pred = ens.logits(batch.tokens).argmax(-1)  # [K, B, T]
-            out[prefix + name] = (pred == batch.labels).float().mean((-1, -2))
-        return out
-
-    evaluate.spec = lambda: {"next_token_accuracy": {k: _tensor_digest(b.tokens, b.labels) for k, b in pools.items()},
-                             "prefix": prefix}
-    return evaluate

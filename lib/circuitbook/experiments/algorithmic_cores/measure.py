@@ -1,43 +1,18 @@
-"""Chapter `algorithmic_cores`: "Transformers converge to invariant algorithmic cores"
-(Schiffman, arXiv 2602.22600), reimplemented from the chapter's spec in PAPERS.md.
+"""The chapter's measurements: pure functions of models, runs and metrics (known answers in
+`tests/test_experiments_algorithmic_cores.py`). ACE at the readout is `analysis.readout`, the random
+baselines `analysis.baselines`.
 
-Everything the chapter's notebooks share lives here, so that every notebook gets the same runs
-by calling the same function with the same Params.
-
-Definitions (all notebooks)
-    `ace.PAPER` and `ace.BOOK` say what the core, "sufficient" and "necessary" mean (the paper's
-    choices, judged on the scorecard, and the book's first choices, shown beside them).
-Planted system (notebook 01)
-    `planted_system`      a latent linear system with known core and known operator, embedded in a
-                          larger activation space with distracting directions; `PlantedModel` reads
-                          it out through a hook, so the whole ACE pipeline runs on it;
-                          `PlantedSystem.predicted_core` is the exact answer when nuisance directions
-                          correlate with the latents by chance.
-Readout-side validation (all toy-model notebooks)
-    `final_residual`      activations of the last residual stream and the readout after it;
-    `validate_readout`    keep / remove / flip for every rank k, evaluated by re-running only the
-                          readout (final LayerNorm + unembedding) on the intervened activations,
-                          which gives exactly `ace.validate_core` at that hook, thousands of times faster.
-Markov chains (notebook 02, AC-1..AC-4)
-    `markov_setup`, `train_markov` (setups "paper": post-LN with dropout, and "book": pre-LN; the evaluation
-    callback `tasks.markov.next_token_accuracy` lives with the task, so that editing this module retrains nothing),
-    `markov_model_analysis`, `markov_member_analysis`, `markov_pairs`, `markov_claim_values`,
-    `operator_diagnostic`, `eig_relative_error`, `matched_eig_errors`, `random_subspace_overlap`,
-    `random_projection_cca`.
-Grokking (notebook 03, AC-5..AC-7)
-    `grokking_setup`, `train_grokking`, `choose_fork_step`, `auto_fork_step`, `train_wd0_branch`,
-    `modular_core_at`, `core_trajectory`, `shift_operator`, `unit_circle_deviation`,
-    `grokking_summary`, `dimension_growth`, `eigen_frequencies`.
-Delay law (notebook 04, AC-8)
-    `first_crossing`, `grokking_times`, `fit_power_law_or_none` (from `analysis.curves`),
-    `per_seed_exponents`, `train_omega_sweep`, `train_p_sweep`.
-Agreement in a language model (notebook 05, AC-9)
-    `agreement_margin`, `layer_cores`, `flip_effect`, `greedy_generate`, `first_verb_number`,
-    `spearman_alignment`, `agreement_model_analysis`.
-
-Steps and epochs: the training loop counts optimizer steps. With a fixed training set of n
-examples and batch B there are ceil(n / B) steps per epoch (`FixedDataset.steps_per_epoch`); a
-batch >= n is full-batch training (one step per epoch). `epochs_to_steps` converts.
+    definitions     with_threshold, dim_value
+    planted system  PlantedSystem, planted_system, PlantedModel (notebook 01)
+    Markov chains   MarkovMember, markov_model_analysis, markov_member_analysis, readout_common_mode,
+                    matched_eig_errors, eig_relative_error, slow_modes, state_conditional_operator,
+                    weight_matrices, markov_pairs (notebook 02)
+    grokking        grokking_times, joint_crossing, auto_fork_step, modular_core_at, core_trajectory,
+                    shift_operator, class_mean_operator, unit_circle_*, eigen_frequencies, pick_steps,
+                    dimension_growth (notebook 03)
+    delay law       per_seed_exponents, seed_mean_delays, seed_mean_exponent, fit_power_law_or_none (04)
+    agreement       agreement_model_analysis, layer_cores, flip_effect, margins, greedy_generate,
+                    first_verb_number, spearman_alignment (notebook 05)
 """
 from __future__ import annotations
 
@@ -52,42 +27,21 @@ import torch.nn as nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from ..analysis import ace
-from ..analysis.compare import cca, projector_overlap, weight_cosine
-from ..analysis.curves import fit_power_law_or_none
-from ..models.toy import ToyConfig, ToyTransformer
-from ..tasks.base import Batch
-from ..tasks.markov import MarkovChain, MarkovSequences, next_token_accuracy
-from ..tasks.modular import ModularAddition
-from ..training import Run, TrainConfig, pool_accuracy
-from ..training import train as _train
-
-
-def set_threads(n: int | None) -> int:
-    """torch.set_num_threads(n) unless n is None; returns the number of threads in use.
-
-    Small models run op by op in microseconds; with several OpenMP threads on a CPU that other
-    processes keep busy, every op waits for its threads, so one thread is much faster there.
-    None keeps torch's default.
-    """
-    if n is not None:
-        torch.set_num_threads(int(n))
-    return torch.get_num_threads()
-
-
-def centred_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Logits minus their mean (a common shift changes no prediction): the book's task outputs."""
-    return logits - logits.mean(-1, keepdim=True)
+from ...analysis import ace
+from ...analysis.baselines import cca_summary, random_projection_cca, random_subspace_overlap
+from ...analysis.compare import cca, projector_overlap, weight_cosine
+from ...analysis.curves import crossing_step, fit_power_law_or_none
+from ...analysis.readout import ace_final, final_residual, validate_readout, validation_ks
+from ...models.toy import ToyTransformer
+from ...tasks.base import Batch
+from ...tasks.markov import MarkovChain
+from ...tasks.modular import ModularAddition
+from ...training import Run
 
 
 def with_threshold(definition: ace.CoreDefinition, energy_threshold: float | None) -> ace.CoreDefinition:
     """`definition` with another energy threshold (None keeps its own)."""
     return definition if energy_threshold is None else replace(definition, energy_threshold=float(energy_threshold))
-
-
-def epochs_to_steps(epochs: int, n_train: int, batch_size: int) -> int:
-    """Optimizer steps of `epochs` passes over n_train examples at batch_size (ceil per epoch)."""
-    return int(epochs) * max(1, -(-int(n_train) // int(batch_size)))
 
 
 def dim_value(dim: int | None) -> float:
@@ -207,201 +161,7 @@ class PlantedModel(HookedRootModule):
         return self.readout(self.hook_h(self.table[tokens]))
 
 
-# --------------------------------------------------------------------------- readout-side validation
-def final_hook(model_cfg: ToyConfig) -> str:
-    return f"blocks.{model_cfg.n_layers - 1}.hook_resid_post"
-
-
-def readout(model: ToyTransformer, resid: torch.Tensor) -> torch.Tensor:
-    """Logits from the last residual stream: final LayerNorm (pre-LN models only) and unembedding."""
-    x = resid.to(model.W_U.dtype)
-    if model.cfg.normalization == "LN":
-        x = model.ln_final(x)
-    return model.unembed(x)
-
-
-def affine_readout(model: ToyTransformer) -> bool:
-    """Whether the readout after the last residual stream is affine (no final LayerNorm)."""
-    return model.cfg.normalization != "LN"
-
-
-def final_residual(model: ToyTransformer, tokens: torch.Tensor, position: int | str = -1,
-                   batch_size: int = 4096) -> torch.Tensor:
-    """Activations of the last residual stream: [N, D] at one position, [N, pos, D] for 'all'."""
-    return ace.collect_activations(model, tokens, final_hook(model.cfg), position=position, batch_size=batch_size)
-
-
-@torch.no_grad()
-def validate_readout(model: ToyTransformer, resid: torch.Tensor, labels: torch.Tensor, core: ace.AceCore,
-                     chance: float, ks: Sequence[int] | None = None, modes: Sequence[str] = ace.INTERVENTIONS,
-                     definition: ace.CoreDefinition = ace.BOOK, energy_rank: int | None = None) -> ace.CoreValidation:
-    """`ace.validate_core` at the last residual stream, computed from its activations.
-
-    resid [..., D] are the clean activations at `final_hook` (every position that is scored);
-    labels [...] the targets. Intervening there changes nothing upstream, so the intervened
-    logits are just `readout(intervened resid)`. keep / remove act about core.mu (definition.centered)
-    or about the origin (the paper's), flip always about core.mu; modes not listed score NaN.
-    """
-    ks = list(range(1, core.rank + 1)) if ks is None else [int(k) for k in ks]
-    if not ks or any(not 1 <= k <= core.rank for k in ks):
-        raise ValueError(f"ks={ks!r} is not allowed; expected integers in [1, rank={core.rank}]")
-    bad = [m for m in modes if m not in ace.INTERVENTIONS]
-    if bad:
-        raise ValueError(f"modes {bad} are not allowed; expected some of {ace.INTERVENTIONS}")
-    h = resid.reshape(-1, resid.shape[-1]).float()
-    y = labels.reshape(-1)
-    Q, mu = core.Q.float(), core.mu.float()
-    origin = mu if definition.centered else torch.zeros_like(mu)
-
-    def acc(x):
-        return (readout(model, x).argmax(-1) == y).float().mean().item()
-
-    clean = acc(h)
-    if affine_readout(model):
-        scores = _affine_scores(model, h, y, Q, mu, origin, ks, modes)
-    else:
-        scores = {m: [acc(ace.apply_intervention(h, Q[:, :k], mu if m == "flip" else origin, m)) if m in modes
-                      else float("nan") for k in ks] for m in ace.INTERVENTIONS}
-    return ace.core_validation(ks, clean, scores, chance, definition, energy_rank)
-
-
-def readout_jacobians(model: ToyTransformer, resid: torch.Tensor, outputs: str = "centred",
-                      chunk: int = 8192) -> torch.Tensor:
-    """d task outputs / d resid for every row of resid [N, D] -> [N, n_out, D]; outputs "raw" or
-    "centred" logits.
-
-    At the last residual stream only the readout (final LayerNorm, unembedding) lies downstream, so
-    the Jacobian of the task outputs is the readout's Jacobian, computed per row with torch.func
-    (the same numbers `ace.collect_ace_inputs` gets by back-propagating through the whole model).
-    """
-    from torch.func import jacrev, vmap
-
-    if outputs not in ace.OUTPUTS:
-        raise ValueError(f"outputs={outputs!r} is not allowed; expected one of {ace.OUTPUTS}")
-    post = centred_logits if outputs == "centred" else (lambda z: z)
-
-    def f(h):
-        return post(readout(model, h[None])[0])
-
-    with torch.no_grad():
-        if affine_readout(model):  # one Jacobian for every row
-            return jacrev(f)(resid[0].float()).expand(resid.shape[0], -1, -1)
-        out = [vmap(jacrev(f))(resid[i:i + chunk].float()) for i in range(0, resid.shape[0], chunk)]
-    return torch.cat(out)
-
-
-@torch.no_grad()
-def _affine_scores(model, h, y, Q, mu, origin, ks, modes) -> dict[str, list[float]]:
-    """keep / remove / flip accuracies for every k when the readout is affine (no final LayerNorm).
-
-    logits(h) = h W_U + b_U, so with z = (h - o) Q and u_j = q_j W_U the intervened logits are rank-one
-    updates: keep_k = logits(o) + sum_{j<=k} z_j u_j, remove_k = logits(h) - sum_{j<=k} z_j u_j, with o the
-    origin of keep / remove; flip_k = logits(h) - 2 sum_{j<=k} z'_j u_j with z' = (h - mu) Q. One pass over
-    k instead of one readout per k.
-    """
-    W = model.W_U.float()
-    U = Q.T @ W  # [K, n_out]
-    z = (h - origin) @ Q  # [N, K]
-    zf = (h - mu) @ Q
-    full = readout(model, h)
-    base = readout(model, origin[None])
-    part = torch.zeros_like(full)
-    part_f = torch.zeros_like(full)
-    wanted = set(ks)
-    scores = {m: {} for m in ace.INTERVENTIONS}
-    for j in range(max(ks)):
-        part += z[:, j:j + 1] * U[j]
-        part_f += zf[:, j:j + 1] * U[j]
-        if j + 1 not in wanted:
-            continue
-        for m, logits in (("keep", base + part), ("remove", full - part), ("flip", full - 2 * part_f)):
-            scores[m][j + 1] = (logits.argmax(-1) == y).float().mean().item() if m in modes else float("nan")
-    return {m: [v[k] for k in ks] for m, v in scores.items()}
-
-
-def ace_final(model: ToyTransformer, tokens: torch.Tensor, position: int | str = -1,
-              definition: ace.CoreDefinition = ace.BOOK, rank: int | None = None, batch_size: int = 4096):
-    """(core, inputs) of ACE at the last residual stream, with the definition's task outputs (raw or
-    centred logits) and energy threshold (unless `rank` fixes the rank).
-
-    With position='all' every position of every sequence is a sample (sequence-major rows).
-    """
-    acts = final_residual(model, tokens, position=position, batch_size=batch_size)
-    n_pos = acts.shape[1] if position == "all" else 1
-    acts = acts.reshape(-1, acts.shape[-1])
-    inputs = ace.AceInputs(activations=acts, jacobians=readout_jacobians(model, acts, definition.outputs),
-                           n_sequences=tokens.shape[0], n_positions=n_pos)
-    core = ace.extract_core(inputs.activations, inputs.jacobians, energy_threshold=definition.energy_threshold,
-                            rank=rank)
-    return core, inputs
-
-
-def validation_ks(model: ToyTransformer, core: ace.AceCore, n_modes: int) -> list[int]:
-    """The ranks k to validate: every ACE mode when the readout is affine (each k costs a rank-one
-    update), else up to 2 r + 4 (each k costs one readout through the final LayerNorm)."""
-    top = n_modes if affine_readout(model) else min(n_modes, 2 * core.rank + 4)
-    return list(range(1, top + 1))
-
-
 # --------------------------------------------------------------------------- Markov chains
-# The setups of the Markov experiment: the paper's model and definitions (judged), and two of the book's
-# first choices (shown beside them). "paper": PyTorch's default encoder layer (post-LN, dropout in training)
-# with PyTorch's default initialisation, ACE on the raw logits at the energy threshold of the notebook (0.999
-# in the paper), uncentred keep / remove, the paper's sufficient / necessary dimensions. "normal_init": the
-# same layer and definitions with the book's first initialisation (every W_* ~ N(0, 1/d_model), zero biases),
-# which changes the readout's common mode. "book": pre-LN with a final LayerNorm, no dropout, the book's
-# initialisation, ACE on the centred logits at 0.99, mean ablations, the book's tolerances.
-MARKOV_SETUPS = ("paper", "normal_init", "book")
-_MARKOV_LAYERS = {"paper": dict(normalization="postLN", init="pytorch"),
-                  "normal_init": dict(normalization="postLN", init="normal"),
-                  "book": dict(normalization="LN", init="normal")}
-
-
-@dataclass
-class MarkovExperiment:
-    setup: str
-    chain: MarkovChain
-    task: MarkovSequences
-    model_config: ToyConfig
-    train_config: TrainConfig
-    definition: ace.CoreDefinition
-    run: Run | None = None
-
-
-def _check_setup(setup: str) -> None:
-    if setup not in MARKOV_SETUPS:
-        raise ValueError(f"setup={setup!r} is not allowed; expected one of {MARKOV_SETUPS}")
-
-
-def markov_setup(cfg, setup: str = "paper") -> MarkovExperiment:
-    """Chain, data, model and training configs from a notebook's Params (see profiles.yml)."""
-    _check_setup(setup)
-    chain = MarkovChain.circulant(cfg.markov_states, cfg.markov_stay)
-    task = MarkovSequences(chain, n_train=cfg.markov_n_train, n_test=cfg.markov_n_test, length=cfg.markov_length,
-                           data_seed=0)
-    layer = _MARKOV_LAYERS[setup]
-    dropout = cfg.markov_dropout if layer["normalization"] == "postLN" else 0.0
-    model_cfg = ToyConfig(d_vocab=chain.n_states, n_ctx=cfg.markov_length - 1, d_model=cfg.markov_d_model,
-                          n_layers=1, n_heads=cfg.markov_n_heads, d_mlp=cfg.markov_d_mlp, dropout=dropout, **layer)
-    definition = ace.BOOK if setup == "book" else with_threshold(ace.PAPER, cfg.energy_threshold)
-    steps = epochs_to_steps(cfg.markov_epochs, len(task), cfg.markov_batch)
-    train_cfg = TrainConfig(steps=steps, batch_size=cfg.markov_batch, seeds=tuple(cfg.markov_seeds), lr=cfg.markov_lr,
-                            weight_decay=0.0, eval_every=max(1, steps // 20), log_checkpoints=8)
-    return MarkovExperiment(setup, chain, task, model_cfg, train_cfg, definition)
-
-
-def train_markov(cfg, setup: str = "paper") -> MarkovExperiment:
-    """Train (or load) one setup's Markov ensemble: one member per seed, one shared training set."""
-    exp = markov_setup(cfg, setup)
-    test = exp.task.test
-    n_eval = min(len(test.tokens), cfg.markov_eval_sequences)
-    evaluate = next_token_accuracy({"train": Batch(exp.task.tokens[:n_eval], exp.task.labels[:n_eval]),
-                                    "test": Batch(test.tokens[:n_eval], test.labels[:n_eval])})
-    name = "algorithmic_cores/markov" if setup == "paper" else f"algorithmic_cores/markov_{setup}"
-    exp.run = _train(name, exp.model_config, exp.task, exp.train_config, evaluate=evaluate)
-    return exp
-
-
 def weight_matrices(model: ToyTransformer) -> dict[str, torch.Tensor]:
     """The weight matrices W_* (LayerNorm gains start at 1 and biases at 0 in every run, so they are
     left out of the weight-cosine comparison: they would look 'similar' by initialisation alone)."""
@@ -518,11 +278,11 @@ def readout_common_mode(inputs: ace.AceInputs, definition: ace.CoreDefinition) -
     return ace.output_mode_share(inputs.activations, J, torch.ones(J.shape[1])), rank
 
 
-def markov_member_analysis(exp: MarkovExperiment, member: int, n_sequences: int = 500) -> MarkovMember:
-    """`markov_model_analysis` of one trained member on the held-out test sequences."""
-    test = exp.task.test
-    return markov_model_analysis(exp.run.model(member), exp.chain, test.tokens, test.labels, n_sequences,
-                                 exp.definition, member=member, seed=exp.train_config.seeds[member])
+def markov_member_analysis(run, member: int, chain: MarkovChain, test: Batch, definition: ace.CoreDefinition,
+                           n_sequences: int = 500) -> MarkovMember:
+    """`markov_model_analysis` of one trained member of `run` on the held-out test sequences `test`."""
+    return markov_model_analysis(run.model(member), chain, test.tokens, test.labels, n_sequences, definition,
+                                 member=member, seed=run.train_config.seeds[member])
 
 
 def state_conditional_operator(coords: torch.Tensor, states: torch.Tensor, n_states: int
@@ -545,71 +305,14 @@ def state_conditional_operator(coords: torch.Tensor, states: torch.Tensor, n_sta
     return ace.fit_core_operator(zs, intercept=True), frac
 
 
-def eigen_label(value: complex) -> str:
-    """'0.75+0.25i' or '0.50': a short label of an eigenvalue."""
-    value = complex(value)
-    return f"{value.real:.2f}{value.imag:+.2f}i" if abs(value.imag) > 1e-9 else f"{value.real:.2f}"
-
-
-def operator_diagnostic(members: Sequence[MarkovMember], chain: MarkovChain) -> pd.DataFrame:
-    """Per member, the relative error of each non-unit eigenvalue of P in the plain operator fit and in
-    the state-mean fit (`state_conditional_operator`), and the share of the core's variance that the
-    current state does not explain."""
-    ref = chain.eigenvalues()[1:]
-    rows = []
-    for m in members:
-        diag, frac = state_conditional_operator(m.op_coords, m.states, chain.n_states)
-        for name, op in (("plain fit", m.operator), ("state-mean fit", diag)):
-            ok = len(op.eigenvalues) >= len(ref)
-            errors = matched_eig_errors(op.eigenvalues, ref) if ok else np.full(len(ref), np.nan)
-            rows.append({"seed": m.seed, "fit": name, "not explained by the current state": frac,
-                         **{f"error at {eigen_label(e)}": float(err) for e, err in zip(ref.numpy(), errors)}})
-    return pd.DataFrame(rows)
-
-
-def random_subspace_overlap(dim: int, rank_a: int, rank_b: int, n_draws: int = 500, seed: int = 0) -> float:
-    """Mean projector overlap of two independent uniformly random subspaces of R^dim (ranks rank_a, rank_b)."""
-    gen = torch.Generator().manual_seed(seed)
-    vals = [projector_overlap(torch.randn(dim, rank_a, generator=gen, dtype=torch.float64),
-                              torch.randn(dim, rank_b, generator=gen, dtype=torch.float64)) for _ in range(n_draws)]
-    return float(np.mean(vals))
-
-
-CCA_LEADING = 3  # the paper summarises CCA by its top 3 canonical correlations
-
-
-def cca_summary(res, leading: int = CCA_LEADING) -> dict[str, float]:
-    """A CCA result as the paper reports it and beside it: the top correlation, the smallest and the mean of
-    the leading `leading` ones (the paper's top 3), and the mean over every direction."""
-    rho = np.asarray(res.correlations, dtype=float)
-    lead = rho[:leading]
-    return {"cca_top": float(rho[0]), "cca_top3_min": float(lead.min()), "cca_top3_mean": float(lead.mean()),
-            "cca_mean": float(rho.mean())}
-
-
-def random_projection_cca(acts_a: torch.Tensor, acts_b: torch.Tensor, rank_a: int, rank_b: int,
-                          n_draws: int = 20, seed: int = 0) -> dict[str, float]:
-    """The CCA baseline of random subspaces: `cca_summary` averaged over n_draws pairs of random subspaces
-    of ranks rank_a, rank_b, the two models' activations projected on them, same inputs."""
-    gen = torch.Generator().manual_seed(seed)
-    a = torch.as_tensor(acts_a, dtype=torch.float64)
-    b = torch.as_tensor(acts_b, dtype=torch.float64)
-    draws = []
-    for _ in range(n_draws):
-        Ra = torch.linalg.qr(torch.randn(a.shape[1], rank_a, generator=gen, dtype=torch.float64)).Q
-        Rb = torch.linalg.qr(torch.randn(b.shape[1], rank_b, generator=gen, dtype=torch.float64)).Q
-        draws.append(cca_summary(cca(a @ Ra, b @ Rb)))
-    return {k: float(np.mean([d[k] for d in draws])) for k in draws[0]}
-
-
-def markov_pairs(exp: MarkovExperiment, members: Sequence[MarkovMember]) -> pd.DataFrame:
+def markov_pairs(run, members: Sequence[MarkovMember], chain: MarkovChain) -> pd.DataFrame:
     """Every pair of runs: projector overlap of the cores and CCA of the core coordinates on the same
     inputs (`cca_summary`: the top correlation, the smallest and the mean of the top 3, the mean over every
     direction), each beside its random-subspace baseline (random subspaces of the cores' own ranks in the
     same width), and the cosine of the weight matrices after training and at initialisation (the random-init
     baseline). cca_mean_leading: the mean CCA of the first n_states - 1 core directions only."""
     rows = []
-    lead = exp.chain.n_states - 1
+    lead = chain.n_states - 1
     for i in range(len(members)):
         for j in range(i + 1, len(members)):
             a, b = members[i], members[j]
@@ -620,142 +323,22 @@ def markov_pairs(exp: MarkovExperiment, members: Sequence[MarkovMember]) -> pd.D
             rows.append({"pair": f"{a.seed} vs {b.seed}", "ranks": f"{ra}, {rb}", "overlap": projector_overlap(a.core, b.core),
                          "random_overlap": random_subspace_overlap(a.core.dim, ra, rb, seed=1000 * i + j),
                          **res, "cca_mean_leading": leading.mean, **{f"random_{k}": v for k, v in rand.items()},
-                         "weight_cosine": weight_cosine(weight_matrices(exp.run.model(a.member)),
-                                                        weight_matrices(exp.run.model(b.member))).overall,
-                         "init_weight_cosine": weight_cosine(weight_matrices(exp.run.model(a.member, step=0)),
-                                                             weight_matrices(exp.run.model(b.member, step=0))).overall})
-    return pd.DataFrame(rows)
-
-
-def markov_claim_values(exp: MarkovExperiment, members: Sequence[MarkovMember], pairs: pd.DataFrame) -> dict:
-    """The AC-1..AC-4 measurements of one setup: per-seed lists (one value per member) or scalars
-    over the pairs of members. Dimensions use the setup's definition (`exp.definition`)."""
-    ceiling = exp.chain.ceiling_accuracy()
-    pair_means = {k: float(pairs[k].mean()) for k in
-                  ("overlap", "random_overlap", "cca_top", "cca_top3_min", "cca_top3_mean", "cca_mean",
-                   "cca_mean_leading", "random_cca_top", "random_cca_top3_min", "random_cca_mean")}
-    pair_means["overlap_mean"] = pair_means.pop("overlap")
-    return {
-        "acc_over_ceiling": [m.accuracy / ceiling for m in members],
-        "max_weight_cosine": float(pairs["weight_cosine"].abs().max()),
-        "init_weight_cosine": float(pairs["init_weight_cosine"].abs().max()),
-        "core_dim": [float(m.core.rank) for m in members],
-        "sufficient_dim": [dim_value(m.validation.sufficient_dim) for m in members],
-        "necessary_dim": [dim_value(m.validation.necessary_dim) for m in members],
-        "keep_at_rank": [m.validation.keep[m.core.rank - 1] / m.validation.clean for m in members],
-        "remove_at_rank": [m.validation.remove[m.core.rank - 1] for m in members],
-        "fourth_share": [m.direction_share(exp.chain.n_states) for m in members],
-        "common_mode_share": [m.common_mode_share for m in members],
-        "centred_rank": [float(m.centred_rank) for m in members],
-        **pair_means,
-        "slow_pair_error": [m.slow_error for m in members],
-        "fast_mode_error": [m.fast_error for m in members],
-    }
-
-
-def seed_summary(value) -> str:
-    """'median (min to max)' of a per-seed list, or the scalar itself, as short text."""
-    if isinstance(value, (list, tuple, np.ndarray)):
-        v = np.asarray(value, dtype=float)
-        finite = v[~np.isnan(v)]
-        if finite.size == 0:
-            return "nan"
-        text = f"{np.median(finite):.4g} ({finite.min():.4g} to {finite.max():.4g})"
-        return text + (f", {int(np.isnan(v).sum())} not measured" if np.isnan(v).any() else "")
-    return f"{float(value):.4g}"
-
-
-def compare_setups(values: dict[str, dict], keys: dict[str, str]) -> pd.DataFrame:
-    """One row per measurement, one column per setup: `seed_summary` of each setup's value.
-
-    values: setup -> `markov_claim_values` dict; keys: measurement name -> the key it is recorded under.
-    """
-    rows = [{"measurement": name, "recorded as": key, **{setup: seed_summary(v[name]) for setup, v in values.items()}}
-            for name, key in keys.items()]
+                         "weight_cosine": weight_cosine(weight_matrices(run.model(a.member)),
+                                                        weight_matrices(run.model(b.member))).overall,
+                         "init_weight_cosine": weight_cosine(weight_matrices(run.model(a.member, step=0)),
+                                                             weight_matrices(run.model(b.member, step=0))).overall})
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- grokking
-@dataclass
-class GrokkingExperiment:
-    task: ModularAddition
-    model_config: ToyConfig
-    train_config: TrainConfig
-    run: Run | None = None
-    branch: Run | None = None
-    fork_step: int | None = None
-
-
-# The modular-addition blocks. "paper": the authors' model, the input `a b` (no `=` token) read at the last
-# position, each layer PyTorch's default post-LN encoder layer (dropout in training, PyTorch's default
-# initialisation). "book": the book's first choice, `a b =`, biases, learned positions, a ReLU MLP, no
-# LayerNorm, no dropout, weights N(0, 1/d_model) (the usual grokking setups).
-MODULAR_BLOCKS = ("paper", "book")
-
-
-def _check_block(block: str) -> None:
-    if block not in MODULAR_BLOCKS:
-        raise ValueError(f"block={block!r} is not allowed; expected one of {MODULAR_BLOCKS}")
-
-
-def modular_task(p: int, train_fraction: float, block: str = "paper") -> ModularAddition:
-    """The modular-addition data of a block: `a b` for the paper's, `a b =` for the book's."""
-    _check_block(block)
-    return ModularAddition(p=p, train_fraction=train_fraction, split_seed=0, equals_token=block == "book")
-
-
-def modular_model_config(p: int, n_layers: int, d_model: int, n_heads: int, d_mlp: int, block: str = "paper",
-                         dropout: float = 0.1) -> ToyConfig:
-    """The grokking transformer of a block (`MODULAR_BLOCKS`): (a + b) mod p at the last position.
-    dropout: the paper block's (the book's has none)."""
-    _check_block(block)
-    if block == "book":
-        return ToyConfig(d_vocab=p + 1, n_ctx=3, d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_mlp=d_mlp,
-                         d_vocab_out=p, normalization=None)
-    return ToyConfig(d_vocab=p, n_ctx=2, d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_mlp=d_mlp,
-                     d_vocab_out=p, normalization="postLN", dropout=dropout, init="pytorch")
-
-
-def grokking_setup(cfg) -> GrokkingExperiment:
-    task = modular_task(cfg.grok_p, cfg.grok_train_fraction, cfg.grok_block)
-    model_cfg = modular_model_config(cfg.grok_p, cfg.grok_layers, cfg.grok_d_model, cfg.grok_heads, cfg.grok_d_mlp,
-                                     cfg.grok_block, cfg.grok_dropout)
-    steps = epochs_to_steps(cfg.grok_epochs, len(task), cfg.grok_batch)
-    every = epochs_to_steps(cfg.grok_checkpoint_every_epochs, len(task), cfg.grok_batch)
-    train_cfg = TrainConfig(steps=steps, batch_size=cfg.grok_batch, seeds=tuple(cfg.grok_seeds), lr=cfg.grok_lr,
-                            weight_decay=cfg.grok_wd, eval_every=max(1, min(every, steps // 100)),
-                            checkpoint_every=every, log_checkpoints=12)
-    return GrokkingExperiment(task, model_cfg, train_cfg)
-
-
-def modular_evaluate(task: ModularAddition):
-    return pool_accuracy({"train": task.train, "test": task.test})
-
-
-def train_grokking(cfg) -> GrokkingExperiment:
-    """Train (or load) the grokking ensemble (weight decay cfg.grok_wd), one member per seed."""
-    exp = grokking_setup(cfg)
-    exp.run = _train("algorithmic_cores/grokking", exp.model_config, exp.task, exp.train_config,
-                     evaluate=modular_evaluate(exp.task))
-    return exp
-
-
-def first_crossing(steps, values, threshold: float = 0.99) -> float:
-    """The first step at which values >= threshold (nan if never)."""
-    steps, values = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
-    order = np.argsort(steps, kind="stable")
-    hit = np.nonzero(values[order] >= threshold)[0]
-    return float(steps[order][hit[0]]) if hit.size else float("nan")
-
-
 def grokking_times(metrics: pd.DataFrame, threshold: float = 0.99, train: str = "acc_train",
                    test: str = "acc_test") -> pd.DataFrame:
     """Per member: tau_mem (first step with train accuracy >= threshold), tau_grok (first step with
     test accuracy >= threshold) and delay = tau_grok - tau_mem (nan where a time was never reached)."""
     rows = []
     for member, g in metrics.groupby("member", sort=True):
-        tm = first_crossing(g["step"], g[train], threshold)
-        tg = first_crossing(g["step"], g[test], threshold)
+        tm = crossing_step(g["step"], g[train], threshold, interpolate=False)
+        tg = crossing_step(g["step"], g[test], threshold, interpolate=False)
         rows.append({"member": int(member), "seed": int(g["seed"].iloc[0]), "tau_mem": tm, "tau_grok": tg,
                      "delay": tg - tm})
     return pd.DataFrame(rows)
@@ -778,23 +361,20 @@ def auto_fork_step(run: Run, member_times: pd.DataFrame) -> int:
     return ckpts[0]
 
 
-def choose_fork_step(exp: GrokkingExperiment, fork_epoch: int | None, member_times: pd.DataFrame) -> int:
-    """The checkpoint the weight-decay-0 branch forks from: the last checkpoint at or before
-    `fork_epoch` (the paper's 900), or `auto_fork_step` when fork_epoch is None."""
-    if fork_epoch is None:
-        return auto_fork_step(exp.run, member_times)
-    target = epochs_to_steps(fork_epoch, len(exp.task), exp.train_config.batch_size)
-    ckpts = exp.run.checkpoint_steps()
-    return max([s for s in ckpts if 0 < s <= target] or [ckpts[1]])
+def joint_crossing(metrics: pd.DataFrame, column: str = "acc_test", threshold: float = 0.99) -> float:
+    """The first evaluated step at which *every* member's `column` is >= threshold (nan if none): the
+    paper's grokking point, the first checkpoint where all models reach 0.99 test accuracy."""
+    wide = metrics.pivot_table(index="step", columns="member", values=column).sort_index()
+    hit = wide.index[(wide >= threshold).all(axis=1).to_numpy()]
+    return float(hit[0]) if len(hit) else float("nan")
 
 
-def train_wd0_branch(exp: GrokkingExperiment, fork_step: int) -> GrokkingExperiment:
-    """Fork every member at `fork_step` and continue with weight decay 0 to the same final step."""
-    tc = replace(exp.train_config, weight_decay=0.0)
-    exp.fork_step = fork_step
-    exp.branch = _train("algorithmic_cores/grokking_wd0", exp.model_config, exp.task, tc,
-                        evaluate=modular_evaluate(exp.task), fork_from=(exp.run, fork_step))
-    return exp
+def pick_steps(steps: Sequence[int], n: int) -> list[int]:
+    """At most n of the given steps, evenly spread over their index (first and last always kept)."""
+    steps = sorted(set(int(s) for s in steps))
+    if len(steps) <= n:
+        return steps
+    return sorted({steps[int(round(i))] for i in np.linspace(0, len(steps) - 1, n)})
 
 
 def unit_circle_deviation(eigenvalues) -> float:
@@ -904,6 +484,35 @@ def core_trajectory(run: Run, task: ModularAddition, steps: Sequence[int], membe
                      "class_mean_eigenvalues": res["class_mean_eigenvalues"].numpy()})
     return pd.DataFrame(rows)
 
+def _num(x) -> float:
+    return float("nan") if x is None or pd.isna(x) else float(x)
+
+
+def eigen_frequencies(eigenvalues, p: int) -> np.ndarray:
+    """|angle| x p / (2 pi) of each eigenvalue, sorted: integers k for the rotations e^{+-2 pi i k / p}
+    of a Fourier-feature algorithm."""
+    return np.sort(np.abs(np.angle(np.asarray(eigenvalues)))) * p / (2 * np.pi)
+
+
+def dimension_growth(traj: pd.DataFrame, tau_grok: float) -> dict:
+    """Necessary-dimension growth and sufficient-dimension ratio from the first checkpoint at or after
+    tau_grok (the first checkpoint if tau_grok is nan or never reached) to the last one (AC-7)."""
+    t = traj.sort_values("step")
+    reached = not math.isnan(tau_grok) and (t.step >= tau_grok).any()
+    start = t[t.step >= tau_grok].iloc[0] if reached else t.iloc[0]
+    end = t.iloc[-1]
+
+    def ratio(a, b):  # inf / inf and x / nan are undefined; x / inf = 0, inf / x = inf
+        a, b = _num(a), _num(b)
+        if not b or math.isnan(a) or math.isnan(b) or (math.isinf(a) and math.isinf(b)):
+            return float("nan")
+        return a / b
+
+    return {"necessary growth": ratio(end["necessary_dim"], start["necessary_dim"]),
+            "necessary start": _num(start["necessary_dim"]), "necessary end": _num(end["necessary_dim"]),
+            "sufficient ratio": ratio(end["sufficient_dim"], start["sufficient_dim"]),
+            "from step": int(start["step"]), "to step": int(end["step"]), "from grokking": reached}
+
 
 # --------------------------------------------------------------------------- delay law
 def per_seed_exponents(times: pd.DataFrame, x: str, y: str = "delay", seed: str = "seed",
@@ -943,42 +552,6 @@ def seed_mean_exponent(times: pd.DataFrame, x: str, y: str = "delay", n_boot: in
     points = seed_mean_delays(times, x, y)
     points = points[points["grokked"] > 0]
     return fit_power_law_or_none(points[x], points["mean"], n_boot=n_boot)
-
-
-def sweep_model_config(p: int, cfg) -> ToyConfig:
-    return modular_model_config(p, 1, cfg.sweep_d_model, cfg.sweep_heads, cfg.sweep_d_mlp, cfg.sweep_block,
-                                cfg.sweep_dropout)
-
-
-def train_omega_sweep(cfg) -> tuple[Run, pd.DataFrame]:
-    """The weight-decay sweep at p = cfg.sweep_omega_p: one ensemble, one member per (omega, seed).
-
-    Returns the run and a member table (member, seed_index, omega)."""
-    task = modular_task(cfg.sweep_omega_p, cfg.sweep_train_fraction, cfg.sweep_block)
-    members = [(w, s) for w in cfg.sweep_omegas for s in cfg.sweep_omega_seeds]
-    seeds = tuple(1000 * s + i for i, (w, s) in enumerate(members))  # distinct seeds per member
-    steps = cfg.sweep_omega_steps
-    tc = TrainConfig(steps=steps, batch_size=cfg.sweep_omega_batch, seeds=seeds, lr=cfg.sweep_omega_lr,
-                     weight_decay=tuple(w for w, _ in members), eval_every=cfg.sweep_eval_every, log_checkpoints=0)
-    run = _train("algorithmic_cores/omega_sweep", sweep_model_config(task.p, cfg), task, tc,
-                 evaluate=modular_evaluate(task))
-    table = pd.DataFrame({"member": range(len(members)), "omega": [w for w, _ in members],
-                          "seed_index": [s for _, s in members]})
-    return run, table
-
-
-def train_p_sweep(cfg) -> dict[int, Run]:
-    """The modulus sweep at weight decay cfg.sweep_p_omega, full batch, learning rate cfg.sweep_p_lr:
-    one ensemble (seeds cfg.sweep_p_seeds) per p."""
-    runs = {}
-    for p in cfg.sweep_ps:
-        task = modular_task(p, cfg.sweep_train_fraction, cfg.sweep_block)
-        tc = TrainConfig(steps=cfg.sweep_p_steps, batch_size=len(task), seeds=tuple(cfg.sweep_p_seeds),
-                         lr=cfg.sweep_p_lr, weight_decay=cfg.sweep_p_omega, eval_every=cfg.sweep_eval_every,
-                         log_checkpoints=0)
-        runs[p] = _train(f"algorithmic_cores/p_sweep_{p}", sweep_model_config(p, cfg), task, tc,
-                         evaluate=modular_evaluate(task))
-    return runs
 
 
 # --------------------------------------------------------------------------- agreement (AC-9)
@@ -1148,7 +721,7 @@ def agreement_model_analysis(loaded, prompts, layer_stride: int = 1, n_generate:
        continuation starts with an agreeing verb (all test prompts if none does); gen_flip_rate
        compares the first verb of the first clause of the two continuations.
     """
-    from ..tasks.agreement import encode_prompts, filter_prompts
+    from ...tasks.agreement import encode_prompts, filter_prompts
 
     model, tok = loaded.bridge, loaded.tokenizer
     kept = filter_prompts(tok, list(prompts))
@@ -1215,119 +788,3 @@ def agreement_model_analysis(loaded, prompts, layer_stride: int = 1, n_generate:
                            n_verb_first=int(sum(starts_with_verb)),
                            n_verb_first_bare=int(sum(bare_verb_first)))
 
-
-# --------------------------------------------------------------------------- grokking summaries
-def pick_steps(steps: Sequence[int], n: int) -> list[int]:
-    """At most n of the given steps, evenly spread over their index (first and last always kept)."""
-    steps = sorted(set(int(s) for s in steps))
-    if len(steps) <= n:
-        return steps
-    return sorted({steps[int(round(i))] for i in np.linspace(0, len(steps) - 1, n)})
-
-
-def joint_crossing(metrics: pd.DataFrame, column: str = "acc_test", threshold: float = 0.99) -> float:
-    """The first evaluated step at which *every* member's `column` is >= threshold (nan if none): the
-    paper's grokking point, the first checkpoint where all models reach 0.99 test accuracy."""
-    wide = metrics.pivot_table(index="step", columns="member", values=column).sort_index()
-    hit = wide.index[(wide >= threshold).all(axis=1).to_numpy()]
-    return float(hit[0]) if len(hit) else float("nan")
-
-
-def grokking_summary(traj: pd.DataFrame, times: pd.DataFrame, tau_grok: float) -> pd.DataFrame:
-    """Per member, the core before, at and after grokking (AC-5, AC-6).
-
-    traj: `core_trajectory` rows of one run (all members); times: `grokking_times` of that run; tau_grok:
-    the run's grokking point (`joint_crossing`, when every member has grokked). "before" is every trajectory
-    checkpoint in [the member's tau_mem, tau_grok) (every one before tau_grok if none), "at grokking" the
-    first checkpoint at or after tau_grok, "final" the last one. Without a grokking point every row holds
-    NaNs. The core dimension is the paper's, max(energy rank, necessary dimension).
-    """
-    rows = []
-    for _, tm_row in times.iterrows():
-        m, tm = int(tm_row["member"]), tm_row["tau_mem"]
-        t = traj[traj.member == m].sort_values("step")
-        row = {"member": m, "seed": int(tm_row["seed"]), "tau_mem": tm, "tau_grok": tm_row["tau_grok"]}
-        if math.isnan(tau_grok) or t.empty or not (t.step >= tau_grok).any():
-            rows.append(row)
-            continue
-        pre = t[(t.step >= (0 if math.isnan(tm) else tm)) & (t.step < tau_grok)]
-        if pre.empty:
-            pre = t[t.step < tau_grok]
-        post, final = t[t.step >= tau_grok].iloc[0], t.iloc[-1]
-        nan = float("nan")
-        row.update({"grok checkpoint": int(post.step),
-                    "core dim before (max)": float(pre["core_dim"].max()) if len(pre) else nan,
-                    "core dim at grokking": float(post["core_dim"]),
-                    "rank before (max)": float(pre["rank"].max()) if len(pre) else nan,
-                    "rank at grokking": float(post["rank"]),
-                    "keep ratio at grokking": float(post["keep_ratio_at_rank"]),
-                    "remove acc at grokking": float(post["remove_acc_at_rank"]),
-                    "circle share before (median)": float(pre["unit_circle_share"].median()) if len(pre) else nan,
-                    "circle share at grokking": float(post["unit_circle_share"]),
-                    "circle share final": float(final["unit_circle_share"]),
-                    "deviation before (median)": float(pre["unit_circle_deviation"].median()) if len(pre) else nan,
-                    "deviation at grokking": float(post["unit_circle_deviation"]),
-                    "deviation final": float(final["unit_circle_deviation"]),
-                    "necessary k at grokking": _num(post["necessary_k"]),
-                    "necessary at grokking": _num(post["necessary_dim"]), "necessary final": _num(final["necessary_dim"]),
-                    "sufficient at grokking": _num(post["sufficient_dim"]),
-                    "sufficient final": _num(final["sufficient_dim"]), "rank final": float(final["rank"])})
-        if "alt_rank" in post:
-            row.update({"alt rank at grokking": _num(post["alt_rank"]),
-                        "alt sufficient at grokking": _num(post["alt_sufficient_dim"]),
-                        "alt necessary at grokking": _num(post["alt_necessary_dim"])})
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def column_values(frame: pd.DataFrame, column: str, **where) -> list[float]:
-    """frame[column] as a list of floats (one per row, e.g. per seed), on the rows where every
-    `where` column equals its value; non-numbers become nan, and a missing column gives one nan per row."""
-    rows = frame
-    for key, value in where.items():
-        rows = rows[rows[key] == value]
-    if column not in rows:
-        return [float("nan")] * len(rows)
-    return [float(v) for v in pd.to_numeric(rows[column], errors="coerce")]
-
-
-def _num(x) -> float:
-    return float("nan") if x is None or pd.isna(x) else float(x)
-
-
-def eigen_frequencies(eigenvalues, p: int) -> np.ndarray:
-    """|angle| x p / (2 pi) of each eigenvalue, sorted: integers k for the rotations e^{+-2 pi i k / p}
-    of a Fourier-feature algorithm."""
-    return np.sort(np.abs(np.angle(np.asarray(eigenvalues)))) * p / (2 * np.pi)
-
-
-def final_frequencies(traj: pd.DataFrame, p: int) -> pd.DataFrame:
-    """Per member, at its last trajectory checkpoint: the eigenvalue angles in units of 2 pi / p and
-    their largest distance to an integer."""
-    rows = []
-    for _, r in traj.sort_values("step").groupby("member").tail(1).iterrows():
-        k = eigen_frequencies(r["eigenvalues"], p)
-        rows.append({"member": int(r["member"]), "step": int(r["step"]), "angle x p / 2 pi": np.round(k, 2).tolist(),
-                     "frequencies": sorted({int(v) for v in np.round(k)}),
-                     "largest distance to an integer": float(np.abs(k - np.round(k)).max())})
-    return pd.DataFrame(rows)
-
-
-def dimension_growth(traj: pd.DataFrame, tau_grok: float) -> dict:
-    """Necessary-dimension growth and sufficient-dimension ratio from the first checkpoint at or after
-    tau_grok (the first checkpoint if tau_grok is nan or never reached) to the last one (AC-7)."""
-    t = traj.sort_values("step")
-    reached = not math.isnan(tau_grok) and (t.step >= tau_grok).any()
-    start = t[t.step >= tau_grok].iloc[0] if reached else t.iloc[0]
-    end = t.iloc[-1]
-
-    def ratio(a, b):  # inf / inf and x / nan are undefined; x / inf = 0, inf / x = inf
-        a, b = _num(a), _num(b)
-        if not b or math.isnan(a) or math.isnan(b) or (math.isinf(a) and math.isinf(b)):
-            return float("nan")
-        return a / b
-
-    return {"necessary growth": ratio(end["necessary_dim"], start["necessary_dim"]),
-            "necessary start": _num(start["necessary_dim"]), "necessary end": _num(end["necessary_dim"]),
-            "sufficient ratio": ratio(end["sufficient_dim"], start["sufficient_dim"]),
-            "from step": int(start["step"]), "to step": int(end["step"]), "from grokking": reached}

@@ -1,0 +1,47 @@
+"""Random baselines for comparing two models' subspaces: what the same measure gives for random subspaces.
+
+    random_subspace_overlap   mean projector overlap of independent uniformly random subspaces
+    cca_summary, CCA_LEADING  a CCA result as the top correlation, the leading ones and the mean
+    random_projection_cca     the CCA of two models' activations projected on random subspaces
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .compare import cca, projector_overlap
+
+
+def random_subspace_overlap(dim: int, rank_a: int, rank_b: int, n_draws: int = 500, seed: int = 0) -> float:
+    """Mean projector overlap of two independent uniformly random subspaces of R^dim (ranks rank_a, rank_b)."""
+    gen = torch.Generator().manual_seed(seed)
+    vals = [projector_overlap(torch.randn(dim, rank_a, generator=gen, dtype=torch.float64),
+                              torch.randn(dim, rank_b, generator=gen, dtype=torch.float64)) for _ in range(n_draws)]
+    return float(np.mean(vals))
+
+
+CCA_LEADING = 3  # the paper summarises CCA by its top 3 canonical correlations
+
+
+def cca_summary(res, leading: int = CCA_LEADING) -> dict[str, float]:
+    """A CCA result as the paper reports it and beside it: the top correlation, the smallest and the mean of
+    the leading `leading` ones (the paper's top 3), and the mean over every direction."""
+    rho = np.asarray(res.correlations, dtype=float)
+    lead = rho[:leading]
+    return {"cca_top": float(rho[0]), "cca_top3_min": float(lead.min()), "cca_top3_mean": float(lead.mean()),
+            "cca_mean": float(rho.mean())}
+
+
+def random_projection_cca(acts_a: torch.Tensor, acts_b: torch.Tensor, rank_a: int, rank_b: int,
+                          n_draws: int = 20, seed: int = 0) -> dict[str, float]:
+    """The CCA baseline of random subspaces: `cca_summary` averaged over n_draws pairs of random subspaces
+    of ranks rank_a, rank_b, the two models' activations projected on them, same inputs."""
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.as_tensor(acts_a, dtype=torch.float64)
+    b = torch.as_tensor(acts_b, dtype=torch.float64)
+    draws = []
+    for _ in range(n_draws):
+        Ra = torch.linalg.qr(torch.randn(a.shape[1], rank_a, generator=gen, dtype=torch.float64)).Q
+        Rb = torch.linalg.qr(torch.randn(b.shape[1], rank_b, generator=gen, dtype=torch.float64)).Q
+        draws.append(cca_summary(cca(a @ Ra, b @ Rb)))
+    return {k: float(np.mean([d[k] for d in draws])) for k in draws[0]}

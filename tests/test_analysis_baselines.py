@@ -1,0 +1,49 @@
+"""analysis.baselines: random-subspace baselines, known answers."""
+import pytest
+import torch
+
+from circuitbook.analysis.baselines import CCA_LEADING, cca_summary, random_projection_cca, random_subspace_overlap
+from circuitbook.analysis.compare import cca
+
+
+def test_random_baselines_have_their_known_means():
+    # E ||Qa^T Qb||_F^2 = ra rb / D for independent uniform subspaces, so the overlap averages sqrt(ra rb) / D
+    assert random_subspace_overlap(64, 3, 3, n_draws=2000) == pytest.approx(3 / 64, rel=0.05)
+    assert random_subspace_overlap(16, 2, 8, n_draws=2000) == pytest.approx(4 / 16, rel=0.05)
+    # activations that are one 3-D signal in both models: every random 3-D projection sees all of it
+    gen = torch.Generator().manual_seed(0)
+    signal = torch.randn(2000, 3, generator=gen, dtype=torch.float64)
+    a = signal @ torch.randn(3, 10, generator=gen, dtype=torch.float64)
+    b = signal @ torch.randn(3, 12, generator=gen, dtype=torch.float64)
+    same = random_projection_cca(a, b, 3, 3, n_draws=5)
+    assert all(v == pytest.approx(1.0, abs=1e-9) for v in same.values())
+    other = random_projection_cca(a, torch.randn(2000, 12, generator=gen, dtype=torch.float64), 3, 3)
+    assert other["cca_top"] < 0.15 and other["cca_top3_min"] <= other["cca_top3_mean"] <= other["cca_top"]
+
+
+def test_cca_summary_reads_the_top_three_as_the_paper_does():
+    """Four directions of which three are shared (correlation ~1) and one is independent noise: the top-3
+    summary is ~1 while the mean over every direction is pulled to ~0.75 (the book-init Markov cores)."""
+    gen = torch.Generator().manual_seed(1)
+    shared = torch.randn(5000, 3, generator=gen, dtype=torch.float64)
+    X = torch.cat([shared, torch.randn(5000, 1, generator=gen, dtype=torch.float64)], 1)
+    Y = torch.cat([shared @ torch.randn(3, 3, generator=gen, dtype=torch.float64),
+                   torch.randn(5000, 1, generator=gen, dtype=torch.float64)], 1)
+    out = cca_summary(cca(X, Y))
+    assert out["cca_top"] == pytest.approx(1.0, abs=1e-9) and out["cca_top3_min"] == pytest.approx(1.0, abs=1e-9)
+    assert out["cca_mean"] == pytest.approx(0.75, abs=0.02)
+
+
+def test_a_subspace_against_the_whole_space_overlaps_exactly():
+    """With rank_a = dim the first subspace is the whole space: ||Qb||_F^2 = rank_b for every draw, so the
+    overlap rank_b / sqrt(dim rank_b) = sqrt(rank_b / dim) exactly, with no sampling error."""
+    assert random_subspace_overlap(16, 16, 4, n_draws=20) == pytest.approx((4 / 16) ** 0.5, abs=1e-12)
+    assert random_subspace_overlap(9, 1, 9, n_draws=20, seed=3) == pytest.approx(1 / 3, abs=1e-12)
+
+
+def test_cca_summary_of_known_correlations():
+    res = type("Res", (), {"correlations": torch.tensor([0.9, 0.8, 0.4, 0.1])})()
+    out = cca_summary(res)
+    assert CCA_LEADING == 3
+    assert out == pytest.approx({"cca_top": 0.9, "cca_top3_min": 0.4, "cca_top3_mean": 0.7, "cca_mean": 0.55})
+    assert cca_summary(res, leading=2)["cca_top3_min"] == pytest.approx(0.8)
