@@ -40,24 +40,22 @@ def parse_chunk(text) -> int | str:
     raise SettingError(f"chunk {text!r} is not allowed; expected 'auto', 'all' or an integer >= 1")
 
 
-def parse_seconds(text: str) -> float:
+def _positive_number(text: str, expected: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
     if not (math.isfinite(value) and value > 0):
-        raise SettingError(f"{text!r} is not allowed; expected a number of seconds > 0")
+        raise SettingError(f"{text!r} is not allowed; expected {expected}")
     return value
+
+
+def parse_seconds(text: str) -> float:
+    return _positive_number(text, "a number of seconds > 0")
 
 
 def _unix_time(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value > 0):
-        raise SettingError(f"{text!r} is not allowed; expected a unix time in seconds")
-    return value
+    return _positive_number(text, "a unix time in seconds")
 
 
 def _flag(text: str) -> str:

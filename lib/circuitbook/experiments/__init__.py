@@ -1,3 +1,5 @@
-"""Experiment definitions of the chapters: the runs a chapter's notebooks share (model and
-training configs built from the notebook Params, the main run, sweeps as ensembles) and the
-chapter-specific measurements. One module per chapter, e.g. `experiments.assign_add`."""
+"""The chapters' library packages, one per chapter and all of one shape (CONTRIBUTING.md, "Adding a
+chapter"): `runs` (config builders, run functions of the notebook's `cfg`, and the registry
+`notebook_runs(cfg)`), `evaluate` (evaluation callbacks), `measure` (measurements with known answers) and
+`records` (what the notebooks record and tabulate). `circuitbook.chapters` finds them; no chapter package
+imports another's."""
