@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from circuitbook.analysis import baselines
 from circuitbook.analysis.baselines import CCA_LEADING, cca_summary, random_projection_cca, random_subspace_overlap
 from circuitbook.analysis.compare import cca
 
@@ -47,3 +48,13 @@ def test_cca_summary_of_known_correlations():
     assert CCA_LEADING == 3
     assert out == pytest.approx({"cca_top": 0.9, "cca_top3_min": 0.4, "cca_top3_mean": 0.7, "cca_mean": 0.55})
     assert cca_summary(res, leading=2)["cca_top3_min"] == pytest.approx(0.8)
+
+
+def test_random_directions_block_of_the_identity_is_the_gram_matrix_of_unit_directions():
+    B = baselines.random_directions_block(torch.eye(6, dtype=torch.float64), n=4, seed=0)
+    assert B.shape == (4, 4) and torch.allclose(B.diagonal(), torch.ones(4, dtype=torch.float64))  # unit rows
+    assert torch.allclose(B, B.T) and B.abs().max() <= 1 + 1e-12  # cosines between the directions
+    M = torch.randn(6, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    again = baselines.random_directions_block(M, n=4, seed=0)
+    R = baselines.random_directions_block(torch.eye(6, dtype=torch.float64), n=4, seed=0)
+    assert again.shape == (4, 4) and not torch.allclose(again, R)

@@ -3,6 +3,7 @@
     random_subspace_overlap   mean projector overlap of independent uniformly random subspaces
     cca_summary, CCA_LEADING  a CCA result as the top correlation, the leading ones and the mean
     random_projection_cca     the CCA of two models' activations projected on random subspaces
+    random_directions_block   a bilinear form read along random unit directions (a block of named directions' baseline)
 """
 from __future__ import annotations
 
@@ -45,3 +46,12 @@ def random_projection_cca(acts_a: torch.Tensor, acts_b: torch.Tensor, rank_a: in
         Rb = torch.linalg.qr(torch.randn(b.shape[1], rank_b, generator=gen, dtype=torch.float64)).Q
         draws.append(cca_summary(cca(a @ Ra, b @ Rb)))
     return {k: float(np.mean([d[k] for d in draws])) for k in draws[0]}
+
+
+def random_directions_block(M: torch.Tensor, n: int, seed: int = 0) -> torch.Tensor:
+    """A form M [d, d] read along n random unit directions on both sides [n, n]: what the block of a
+    form between n named directions (e.g. Assign and Add's variables, AA-12) looks like when those
+    directions carry nothing special."""
+    R = torch.randn(n, M.shape[0], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    R = R / R.norm(dim=1, keepdim=True)
+    return R @ M.double() @ R.T

@@ -371,14 +371,6 @@ def block_energy(M_basis: torch.Tensor, task: AssignAddTask) -> pd.DataFrame:
                          for kg, ki in groups.items()})
 
 
-def random_directions_block(M: torch.Tensor, n: int = N_VARS, seed: int = 0) -> torch.Tensor:
-    """A form M [d, d] read along n random unit directions on both sides [n, n]: what the variable
-    block would look like if the variables' directions carried nothing special (AA-12's baseline)."""
-    R = torch.randn(n, M.shape[0], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    R = R / R.norm(dim=1, keepdim=True)
-    return R @ M.double() @ R.T
-
-
 def theory_qk_block(tokens: torch.Tensor, task: AssignAddTask) -> torch.Tensor:
     """The associative-memory block the gradient theory predicts [12, 12] (query variable x key variable),
     up to a positive factor, for the training sequences `tokens`.
