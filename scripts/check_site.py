@@ -4,7 +4,10 @@
 
 Opens every page in headless Chromium (the site tests do the same for the smoke build in CI) and reports:
 tracebacks, unresolved glue, broken images, figures without a caption, clipped code, pages that scroll
-sideways, scorecard tables wider than their container and status badges outside the window. Saves
+sideways, scorecard tables wider than their container and status badges outside the window; and what a
+reader should never see or always find: a path of the builder's machine or a `[circuitbook]` log line on
+any page, a Measured cell in variable names, a row that is not reproduced without its failed part, a
+chapter page without its summary figure, a notebook page without its re-run box. Saves
 screenshots of the scorecard and of every chapter's landing page to `_build/screenshots/` (named after
 the build folder's profile). Exit status 1 when a problem was found.
 """
@@ -29,6 +32,28 @@ PAGE_CHECKS = {
     "clipped code blocks": "return Array.from(document.querySelectorAll('article pre')).filter(p => "
                            "p.offsetParent !== null && p.scrollWidth > p.clientWidth + 1).length",
 }
+
+
+# the Measured cells' visible text (details folded away) may not show a raw recorded key such as `aa1_step_gap = `
+RAW_KEY = r"/\b[a-z]+[0-9]*_[a-z0-9_]+ = /"
+SCORECARD_CHECKS = {
+    "Measured cells in variable names": "return Array.from(document.querySelectorAll('td.cb-measured')).filter(td => {"
+        " const c = td.cloneNode(true); c.querySelectorAll('details').forEach(d => d.remove());"
+        f" return {RAW_KEY}.test(c.innerText) || !(c.querySelector('ul.cb-values') || c.innerText.trim() === '-'); }}).length",
+    "rows not reproduced without their failed part": "return Array.from(document.querySelectorAll('table.cb-scorecard tbody tr'))"
+        ".filter(tr => tr.querySelector('.cb-badge.cb-failed, .cb-badge.cb-partial')"
+        " && !tr.querySelector('div.cb-failed-part')).length",
+}
+
+
+def machine_paths() -> list[str]:
+    """Paths of the machine that built the book, which no page may show: the checkout, the run store, home."""
+    import os
+
+    found = {str(ROOT), os.path.expanduser("~")}
+    if os.environ.get("CIRCUITBOOK_RUNS"):
+        found.add(str(Path(os.environ["CIRCUITBOOK_RUNS"]).resolve()))
+    return sorted(p for p in found if p not in ("", "/"))
 
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
@@ -69,8 +94,28 @@ def pages(html: Path) -> list[Path]:
     return sorted(p for p in html.rglob("*.html") if "_static" not in p.parts and "_sources" not in p.parts)
 
 
-def check_page(driver, page: Path, width: int) -> list[str]:
+def page_kind(page: Path, html: Path) -> str:
+    """scorecard, chapter (a chapter's landing page), notebook (an executed notebook's page) or other."""
+    rel = page.relative_to(html)
+    if rel.as_posix() == "book/scorecard.html":
+        return "scorecard"
+    if rel.parts[0] == "chapters" and page.name == "index.html":
+        return "chapter"
+    source = html.parent / "src" / rel.with_suffix(".ipynb")
+    return "notebook" if source.exists() else "other"
+
+
+def check_page(driver, page: Path, width: int, kind: str = "other") -> list[str]:
     problems = [f"{n} {what}" for what, js in PAGE_CHECKS.items() if (n := driver.execute_script(js))]
+    text = driver.execute_script("return document.body ? document.body.innerText : ''")
+    problems += [f"shows the builder's path {p}" for p in machine_paths() if p in text]
+    if "[circuitbook]" in text:
+        problems.append("shows a [circuitbook] log line")
+    if kind == "chapter" and not driver.execute_script(
+            "return document.querySelectorAll('figure.cb-summary-figure img, .cb-summary-figure img').length"):
+        problems.append("no summary figure (paper against book)")
+    if kind == "notebook" and not driver.execute_script("return document.querySelectorAll('.cb-rerun').length"):
+        problems.append("no re-run box")
     wide = driver.execute_script("return document.documentElement.scrollWidth")
     if wide > width + 1:
         problems.append(f"the page is {wide} px wide")
@@ -83,6 +128,8 @@ def check_page(driver, page: Path, width: int) -> list[str]:
             f"b.getBoundingClientRect().left < 0 || b.getBoundingClientRect().right > {width}).length")
         problems += [f"{tables} scorecard table(s) overflow"] * bool(tables)
         problems += [f"{badges} status badge(s) outside the window"] * bool(badges)
+    if page.name == "scorecard.html" or kind == "chapter":
+        problems += [f"{n} {what}" for what, js in SCORECARD_CHECKS.items() if (n := driver.execute_script(js))]
     return problems
 
 
@@ -106,7 +153,7 @@ def main(argv=None) -> int:
         for page in all_pages:
             load(driver, page)
             rel = page.relative_to(html).as_posix()
-            problems = check_page(driver, page, width)
+            problems = check_page(driver, page, width, page_kind(page, html))
             failed += bool(problems)
             print(f"{'FAIL' if problems else 'ok  '} {rel}" + (": " + "; ".join(problems) if problems else ""))
             if page.name == "scorecard.html" or (page.name == "index.html" and "chapters" in page.parts):

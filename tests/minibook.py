@@ -35,7 +35,9 @@ def write(root: Path) -> Path:
         "defaults: {value: 1.0, fail: false}\nsmoke: {value: 2.0}\ncpu: {}\nfull: {}\n"
         "notebooks:\n  02_use:\n    needs: [01_make]\n    estimate_s: {smoke: 3}\n")
     (root / "chapters" / "demo" / "claims.yml").write_text(
-        "title: Demo\nclaims:\n"
+        "title: Demo\n"
+        "labels:\n  demo_value: {label: the value, unit: ''}\n  demo_twice: {label: twice the value, unit: ''}\n"
+        "claims:\n"
         "  - {id: D-1, statement: value is big, paper: '2', notebook: 01_make, measured: [demo_value],"
         " reproduced_if: ['demo_value >= 2'], partial_if: ['demo_value >= 1'], expected: [smoke]}\n"
         "  - {id: D-2, statement: twice is four, paper: '4', notebook: 02_use, measured: [demo_twice],"

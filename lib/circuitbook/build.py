@@ -32,7 +32,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import book, context, pages, params, settings
+from . import book, context, pages, params, presentation, settings
 from .book import BookError, Notebook, book_notebooks, compute_hashes, toc_files  # noqa: F401
 from .execute import BuildError, execute
 from .runs import (DamagedRunError, atomic_write_bytes, atomic_write_json, canonical_json, read_json, repo_root,
@@ -249,7 +249,25 @@ def write_generated_pages(src: Path, profile: str, seconds: dict | None = None) 
         index = src / "chapters" / chapter / "index.md"
         if index.exists():
             ch_seconds = {nb: (seconds or {}).get(f"{chapter}/{nb}") for nb in params.notebooks(chapter)}
-            index.write_text(pages.place_chapter_header(index.read_text(), chapter, profile, ch_seconds, built))
+            rows = [r for r in claims.scorecard(profile) if r["chapter"] == chapter]
+            presentation.summary_figure(chapter, rows, index.parent / "_generated" / "summary.png")
+            index.write_text(pages.place_chapter_header(index.read_text(), chapter, profile, ch_seconds, built,
+                                                        figure="_generated/summary.png"))
+    for nb in book_notebooks(repo_root()):
+        staged = src / nb.path
+        if staged.exists():
+            _add_rerun_box(staged, nb, profile)
+
+
+def _add_rerun_box(path: Path, nb: Notebook, profile: str) -> None:
+    """The notebook page's "Re-run this page" box, right under its title (`presentation.rerun_box`)."""
+    notebook = nbformat.read(path, as_version=4)
+    cell = nbformat.v4.new_markdown_cell(presentation.rerun_box(nb.chapter, nb.name, profile, path.name))
+    cell.metadata["tags"] = ["cb-rerun"]
+    first = next((i for i, c in enumerate(notebook.cells) if c.cell_type == "markdown"
+                  and c.source.lstrip().startswith("# ")), -1)
+    notebook.cells.insert(first + 1, cell)
+    nbformat.write(notebook, path)
 
 
 def render(src: Path, profile: str, log=print) -> Path:

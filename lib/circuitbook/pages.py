@@ -1,8 +1,10 @@
 """Pages the build generates: the scorecard, and each chapter's "what was run" and claims.
 
 The verdict comes first: per chapter a one-line summary (a badge per status with its count), then a
-table whose first columns are Claim and Status, then Paper and Measured; the statement, the rules,
-the profile's deviations from the paper and the run keys fold into a detail under each row. The
+table whose first columns are Claim and Status, then Paper and Measured (labels and formatted values,
+`presentation`; a row that is not reproduced names the part that failed, its rule in words and the
+measured value); the statement, the rules, the raw recorded keys, per-seed values, the profile's
+deviations from the paper and the run keys fold into a detail under each row. The
 HTML is plain (classes `cb-*`, styled by `book/_static/circuitbook.css`) so it stays readable in
 the Markdown source and in any theme.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 import html
 import time
 
-from . import claims, params
+from . import claims, params, presentation
 
 STATUS_CLASS = {"reproduced": "reproduced", "partial": "partial", "not reproduced": "failed",
                 "not measured": "unmeasured", "not run": "notrun", "stale": "stale"}
@@ -35,14 +37,19 @@ def summary_line(rows: list[dict]) -> str:
     return f'<p class="cb-summary">{" ".join(items)} <span class="cb-of">of {len(rows)} claims</span></p>'
 
 
-def _detail(r: dict) -> str:
+def _detail(r: dict, items_shown: list[dict]) -> str:
     items = [("Claim", r["statement"]), ("Status", r["status"]), ("Reproduced if", r["rule"])]
     if r.get("partial_rule"):
         items.append(("Partial if", r["partial_rule"]))
     if r.get("rule_note"):
         items.append(("Why this rule", r["rule_note"]))
+    per_seed = "; ".join(f"{m['label']}: {m['seeds']}" for m in items_shown if m["seeds"])
+    if per_seed:
+        items.append(("Per seed", per_seed))
     if r.get("seeds"):
         items.append(("Seeds", r["seeds"]))
+    if r.get("measured"):
+        items.append(("Recorded keys", r["measured"]))
     if r.get("baselines"):
         items.append(("Baselines", r["baselines"]))
     if r.get("note"):
@@ -57,15 +64,30 @@ def _detail(r: dict) -> str:
     return f"<details><summary>details</summary><dl class=\"cb-detail\">{body}</dl></details>"
 
 
+def _measured_cell(r: dict) -> tuple[str, list[dict]]:
+    """The Measured cell (labelled values, then what failed) and the entries it shows."""
+    claim = next(c for c in claims.load_claims(r["chapter"])["claims"] if c["id"] == r["id"])
+    labels = presentation.chapter_labels(r["chapter"])
+    values = presentation.row_values(r) if r.get("measured") else {}
+    shown = presentation.measured_items(r, claim, labels, values)
+    cell = "".join(f'<li><span class="cb-label">{_e(m["label"])}</span>: <span class="cb-value">{_e(m["value"])}'
+                   f'</span>{" (median of seeds)" if m["seeds"] else ""}</li>' for m in shown)
+    cell = f'<ul class="cb-values">{cell}</ul>' if cell else "-"
+    failed = presentation.failed_parts(r, claim, labels, values)
+    if failed:
+        cell += '<div class="cb-failed-part"><strong>Failed</strong>: ' + _e(" | ".join(failed)) + "</div>"
+    return cell, shown
+
+
 def claims_table(rows: list[dict]) -> str:
     out = ['<table class="cb-scorecard">',
            '<colgroup><col class="cb-col-id"><col class="cb-col-status"><col class="cb-col-paper">'
            '<col class="cb-col-measured"></colgroup>',
            "<thead><tr><th>Claim</th><th>Status</th><th>Paper</th><th>Measured</th></tr></thead>", "<tbody>"]
     for r in rows:
+        cell, shown = _measured_cell(r)
         out.append(f'<tr id="claim-{_e(r["id"])}"><td class="cb-id">{_e(r["id"])}</td><td>{badge(r["status"])}'
-                   f'</td><td>{_e(r["paper"])}</td><td class="cb-measured">{_e(r["measured"] or "-")}'
-                   f'{_detail(r)}</td></tr>')
+                   f'</td><td>{_e(r["paper"])}</td><td class="cb-measured">{cell}{_detail(r, shown)}</td></tr>')
     out += ["</tbody>", "</table>"]
     return "\n".join(out)
 
@@ -113,13 +135,19 @@ def chapter_header(chapter: str, profile: str, seconds: dict[str, float | None],
     return "\n".join(lines)
 
 
-def place_chapter_header(index_text: str, chapter: str, profile: str, seconds: dict, built: str | None = None) -> str:
+def place_chapter_header(index_text: str, chapter: str, profile: str, seconds: dict, built: str | None = None,
+                         figure: str | None = None) -> str:
     """The chapter's landing page with "what was run" and its verdicts right under the title, and its
-    claims table (verdict first) where `<!-- claims-table -->` stands."""
+    claims table (verdict first) and the summary figure (`figure`: its path relative to the page) where
+    `<!-- claims-table -->` stands."""
     rows = [r for r in claims.scorecard(profile) if r["chapter"] == chapter]
     header = chapter_header(chapter, profile, seconds, built, rows)
     lines = index_text.splitlines()
     title = next((i for i, line in enumerate(lines) if line.startswith("# ")), -1)
     lines.insert(title + 1, "\n" + header + "\n")
     text = "\n".join(lines) + "\n"
-    return text.replace(CLAIMS_MARKER, claims_table(rows) if rows else "")
+    table = claims_table(rows) if rows else ""
+    if figure:
+        table += ("\n\n```{figure} " + figure + f"\n:name: summary-{chapter}\n:alt: paper against book, "
+                  f"{chapter}\n:class: cb-summary-figure\n\n{presentation.SUMMARY_CAPTION}\n```\n")
+    return text.replace(CLAIMS_MARKER, table)
