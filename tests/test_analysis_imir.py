@@ -301,3 +301,56 @@ def test_a_stored_imir_config_is_rebuilt_without_importing_its_module_first():
             f"print(type(config_from_dict({stored!r}).build(0)).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "IMIRModel"
+
+
+def test_reading_weights_in_unit_coordinates(layout):
+    """A point of S planted on two orthogonal unit basis elements of layer 1: 3 on the previous-token
+    element (the direction alpha), 0.5 on the token-identity element (outside every named direction)."""
+    basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+    dirs = imir.two_layer_directions(basis)
+    names, norms = basis.coordinate_names(), basis.coordinate_norms()
+    named = {c for d in dirs.values() for c in d}
+    i = names.index("L1H0|emb|emb|pos1")
+    j = names.index("L1H0|emb|emb|I")
+    assert names[j] not in named
+    theta = torch.zeros(basis.n_coords, dtype=torch.float64)
+    theta[i], theta[j] = 3.0 / norms[i], 0.5 / norms[j]
+    params = basis.weights(theta)
+    unit = imir.unit_coordinates(basis, params)
+    expected = torch.zeros(basis.n_coords, dtype=torch.float64)
+    expected[i], expected[j] = 3.0, 0.5
+    assert list(unit.index) == names and torch.allclose(torch.tensor(unit.to_numpy()), expected, atol=1e-9)
+    assert imir.captured_fraction(basis, params, dirs) == pytest.approx(9 / 9.25)
+    top = imir.largest_other_coordinates(basis, params, dirs, top=2)
+    assert top["coordinate"].iloc[0] == names[j] and top["value (unit element)"].iloc[0] == pytest.approx(0.5)
+    assert abs(top["value (unit element)"].iloc[1]) < 1e-9
+    zero = {n: torch.zeros_like(w) for n, w in params.items()}
+    assert math.isnan(imir.captured_fraction(basis, zero, dirs))
+
+
+def test_s_dimensions_count_the_basis(layout):
+    for n_layers in (2, 3):
+        basis = imir.IMIRBasis.concatenated(layout, n_layers, 1)
+        dims = imir.s_dimensions(layout, n_layers)
+        assert len(dims) == n_layers + 1 and dims["coordinates"].sum() == basis.n_coords
+        assert dims["paths seen"].tolist() == [2 ** l for l in range(n_layers + 1)]  # (H + 1)^l paths, H = 1
+        assert (dims["entries"].iloc[:-1] == basis.D ** 2).all() and dims["entries"].iloc[-1] == basis.D * layout.n_tokens
+
+
+def test_coordinates_of_both_model_kinds(layout):
+    class OneModelRun:
+        def __init__(self, model):
+            self._model = model
+
+        def model(self, member, step=None):
+            return self._model
+
+    basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+    theta = basis.random_point(0, 0.5)
+    restricted = IMIRConfig(layout.token_classes, layout.association, layout.seq_len, n_layers=2).build(seed=None)
+    with torch.no_grad():
+        restricted.phi.copy_(theta * basis.coordinate_norms())  # phi: coordinates on unit elements
+    assert isinstance(restricted, IMIRModel)
+    assert torch.allclose(imir.coordinates_of(OneModelRun(restricted), 0, layout), restricted.theta().double())
+    full = imir.theory_model(layout, 2, 1, coords=theta)
+    assert torch.allclose(imir.coordinates_of(OneModelRun(full), 0, layout), theta, atol=1e-9)

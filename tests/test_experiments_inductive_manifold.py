@@ -1,5 +1,6 @@
 """The inductive_manifold chapter's experiments library: known answers for every measurement helper."""
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -9,20 +10,8 @@ import torch
 from circuitbook.analysis import imir
 from circuitbook.models.imir import IMIRConfig
 from circuitbook.experiments import inductive_manifold as im
+from circuitbook.experiments.inductive_manifold import records
 from circuitbook.tasks.blocklist import BlockListTask
-
-
-def test_crossing_steps_interpolate():
-    m = pd.DataFrame({"member": [0, 0, 0, 1, 1, 1, 2, 2, 2], "step": [0, 10, 20] * 3,
-                      "acc": [0.0, 0.4, 0.8, 0.0, 0.1, 0.2, 0.6, 0.7, 0.9]})
-    t = im.crossing_steps(m, "acc", 0.6)
-    assert t[0] == pytest.approx(15.0) and math.isnan(t[1]) and t[2] == 0.0
-
-
-def test_proportional_fit():
-    b = np.array([1, 2, 3, 4], float)
-    assert im.proportional_fit(b, 0.3 * b) == {"c": pytest.approx(0.3), "r2": pytest.approx(1.0)}
-    assert im.proportional_fit(b, 0.3 * b + 1.0)["r2"] < 0.5  # an intercept is not proportionality
 
 
 def test_type_weights_mix_to_the_factor():
@@ -66,14 +55,7 @@ def test_learned_delta_and_the_suppression_law_at_its_ends():
     assert law["measured"].iloc[1] == pytest.approx(0.0, abs=1e-9)  # all canonical and solved: no push left
 
 
-def test_logistic_fit_and_own_sizes():
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(60, 2))
-    y = ["a" if x0 > x1 else "b" for x0, x1 in X]
-    fit = im.logistic_fit(X, y)
-    assert fit["cv_accuracy"] >= 0.9 and fit["classes"] == ["a", "b"]
-    noise = im.logistic_fit(rng.normal(size=(60, 2)), list(rng.choice(["a", "b"], 60)))
-    assert noise["cv_accuracy"] < 0.75
+def test_init_design_and_own_sizes():
     design = im.init_design([0.0, 1.0], base=0.5, jitter=0.0)
     assert len(design) == 4 and design["beta12"].tolist() == [0.5] * 4 and design["member_seed"].tolist() == [0, 1, 2, 3]
     sizes = im.own_sizes(design)
@@ -93,30 +75,6 @@ def test_init_design_slices_and_replicates():
         (a, b) for a in (0.0, 1.0, 2.0) for b in (0.0, 1.0, 2.0))
     with pytest.raises(ValueError, match="replicates"):
         im.init_design([0.0], 0.5, 1.0, replicates=0)
-
-
-def test_grouped_folds_never_test_on_a_copy():
-    """Random labels on 40 points of 60 random features, each point copied 5 times: with the copies in
-    the training folds the fit recalls them (high cross-validated accuracy); grouped, it is chance."""
-    rng = np.random.default_rng(1)
-    X = np.repeat(rng.normal(size=(40, 60)), 5, axis=0)
-    y = list(np.repeat(rng.choice(["a", "b"], 40), 5))
-    groups = np.repeat(np.arange(40), 5)
-    assert im.logistic_fit(X, y, l2=1e-6)["cv_accuracy"] > 0.9
-    fit = im.logistic_fit(X, y, l2=1e-6, groups=groups)
-    assert fit["cv_accuracy"] < 0.7 and len(fit["cv_correct"]) == 200
-
-
-def test_paired_gap_known_values():
-    a = np.array([1, 0, 1, 0, 1, 1], bool)
-    b = np.array([1, 1, 1, 1, 0, 1], bool)
-    d = b.astype(float) - a
-    out = im.paired_gap(a, b)
-    assert out["gap"] == pytest.approx(d.mean()) and out["se"] == pytest.approx(d.std(ddof=1) / math.sqrt(6))
-    grouped = im.paired_gap(np.array([0, 0, 1, 1]), np.array([1, 1, 1, 1]), groups=[7, 7, 9, 9])
-    assert grouped["gap"] == 0.5 and grouped["se"] == pytest.approx(0.5)  # sqrt((1 + 1) * 2 / 1) / 4
-    with pytest.raises(ValueError, match="two groups"):
-        im.paired_gap(np.array([0, 1]), np.array([1, 1]), groups=[0, 0])
 
 
 def test_nested_fits_see_what_own_sizes_cannot():
@@ -191,7 +149,7 @@ def test_finds_two_hop_circuit_and_graph():
     assert G.edges["emb", "L3H0", "aiding"]["label"] == "q:I; k:I" and not G.has_edge("emb", "L3H0", "core")
     assert G.edges["emb", "L1H0", "core"]["label"] == "q:pos1; k:pos1"
     assert G.edges["L1H0", "L2H0", "core"]["label"] == "k:I" and G.edges["L3H0", "out", "core"]["label"] == "I"
-    assert im._compact(["I", "pos3", "pos1", "I", "C"]) == "I, C, pos1,3"
+    assert records._compact(["I", "pos3", "pos1", "I", "C"]) == "I, C, pos1,3"
 
 
 def test_backward_elimination_keeps_a_planted_induction_circuit():
@@ -236,9 +194,10 @@ def test_probe_reads_the_same_values_from_both_model_kinds():
 
 
 def test_restricted_and_full_runs_and_their_loss_gap(runs_dir):
-    task = im.recall_task(4, 2, f_v=0.5)
-    runs = im.train_restricted_and_full(task, [0, 1], steps=4, lr=1.0, batch=16, eval_every=2, pool_size=32,
-                                        name="test/im2")
+    cfg = SimpleNamespace(tl_n_pairs=4, tl_n_blocks=2, tl_f_v=0.5, tl_seeds=[0, 1], tl_steps=4, tl_lr=1.0, tl_batch=16,
+                          tl_eval_every=2, tl_pool=32)
+    task = im.two_layer_task(cfg)
+    runs = im.train_restricted_and_full(cfg, name="test/im2")
     assert set(runs) == {"restricted", "full S", "unrestricted"}
     assert runs["full S"].model(0).phi.numel() == imir.IMIRBasis.concatenated(imir.Layout.from_task(task), 2,
                                                                              1).n_coords
@@ -249,7 +208,7 @@ def test_restricted_and_full_runs_and_their_loss_gap(runs_dir):
     assert (same["max_gap"] == 0).all()
     params = dict(runs["unrestricted"].model(0).named_parameters())
     basis = imir.IMIRBasis.concatenated(imir.Layout.from_task(task), 2, 1)
-    frac = im.captured_fraction(basis, params, imir.two_layer_directions(basis))
+    frac = imir.captured_fraction(basis, params, imir.two_layer_directions(basis))
     assert 0 < frac <= 1 + 1e-9
 
 
@@ -263,7 +222,7 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="loss"):
         im.learned_delta(model, task, "hinge")
     with pytest.raises(ValueError, match="mode"):
-        im.train_two_hop(im.two_hop_task(8, 4), 3, "dense", [0], 1, 1.0, 8, 1, 16)
+        im.train_two_hop(SimpleNamespace(im6_mode="dense", im6_layers=3))
 
 
 def test_circuit_probe_matches_member_by_member_ablation():
@@ -373,8 +332,9 @@ def test_trajectory_points_and_per_direction_summaries():
 def test_burstiness_at_points_starts_where_the_step_zero_gradient_is(runs_dir):
     """The point at fraction 0 is step 0 (zero weights): its gradient norm for each b is the one
     burstiness_table measured there, with the same sequences."""
-    run, members = im.train_burstiness_sweep(8, 4, [1, 2], [0], steps=6, lr=1.0, batch=16, eval_every=3,
-                                             pool_size=32, name="test/im4")
+    cfg = SimpleNamespace(im4_n_pairs=8, im4_n_blocks=4, im4_bursts=[1, 2], im4_seeds=[0], im4_steps=6, tl_lr=1.0,
+                          tl_batch=16, tl_eval_every=3, tl_pool=32)
+    run, members = im.train_burstiness_sweep(cfg, name="test/im4"), im.burstiness_members(cfg)
     table = im.burstiness_table(run, members, 8, 4, 64, 0.5, loss="mse")
     pts = im.burstiness_at_points(run, members, table, 8, 4, 64, [0.0, 1.0], loss="mse", nonzero=())
     assert sorted(pts["point"].unique()) == [0, 1] and set(pts["b"]) == {1, 2}
@@ -396,3 +356,50 @@ def test_random_chain_rate_is_the_hypergeometric_chance():
     assert im.random_chain_rate(names, 6, draws=4000, seed=1) == pytest.approx(expected, abs=0.015)
     with pytest.raises(ValueError, match="size=13"):
         im.random_chain_rate(names, 13)
+
+
+SMOKE_RUNS = {
+    "01_tasks": {},
+    "02_manifold": {"in S, full batch": "inductive_manifold/im1/in_s", "off S, full batch": "inductive_manifold/im1/off_s",
+                    "in S, sampled batches": "inductive_manifold/im1/in_s_sampled"},
+    "03_two_layer": {"restricted": "inductive_manifold/im2/restricted", "full S": "inductive_manifold/im2/full_s",
+                     "unrestricted": "inductive_manifold/im2/unrestricted",
+                     "scaling/N2": "inductive_manifold/scaling/N2", "scaling/N3": "inductive_manifold/scaling/N3",
+                     "trajectory": "inductive_manifold/im3_trajectory", "suppression": "inductive_manifold/im3",
+                     "burstiness": "inductive_manifold/im4", "standard": "inductive_manifold/standard"},
+    "04_initialization": {"ensemble": "inductive_manifold/im5"},
+    "05_circuit_detection": {"two_hop": "inductive_manifold/im6/imir"},
+}
+
+
+@pytest.mark.parametrize("notebook", list(SMOKE_RUNS))
+def test_notebook_runs_plan_every_run_of_the_notebook(runs_dir, notebook):
+    from circuitbook import notebook_runs, params
+    from circuitbook.training.planning import planning
+
+    cfg = params.resolve("inductive_manifold", notebook, "smoke")
+    with planning() as plan:
+        runs = notebook_runs(cfg)
+    assert {role: r.dir.name for role, r in runs.items()} == SMOKE_RUNS[notebook]
+    assert [r.dir.name for r in plan.runs] == list(SMOKE_RUNS[notebook].values()), "each run planned once, in order"
+    if notebook == "03_two_layer":
+        assert runs["suppression"].n_members == len(im.suppression_members(cfg))
+        assert runs["burstiness"].n_members == len(im.burstiness_members(cfg))
+    if notebook == "04_initialization":
+        assert runs["ensemble"].n_members == len(im.im5_design(cfg)) == (cfg.im5_slices * cfg.im5_replicates
+                                                                          * len(cfg.im5_grid) ** 2)
+
+
+def test_distance_probe_logs_the_distance_and_the_pool(runs_dir):
+    from circuitbook.tasks.base import Batch
+    from circuitbook.training import Ensemble
+
+    task = im.recall_task(3, 1, f_v=0.0)
+    layout = imir.Layout.from_task(task)
+    basis = imir.IMIRBasis.concatenated(layout, 2, 1)
+    data = im.EnumeratedTask(task)
+    ens = Ensemble(imir.theory_config(layout, 2, 1), [0, 1], imir.TheoryInit(layout, random_scale=0.5))
+    out = im.DistanceProbe(basis, Batch(data.tokens, data.labels))(ens, 0)
+    assert set(out) == {"acc_pool", "loss_pool", "distance_to_s"}
+    assert out["distance_to_s"].shape == (2,) and (out["distance_to_s"] < 1e-6).all(), "started in S"
+    assert set(im.DistanceProbe(basis)(ens, 0)) == {"distance_to_s"}

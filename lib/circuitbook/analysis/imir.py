@@ -659,3 +659,61 @@ def progress_measures(model, token_ids: Sequence[int] | None = None) -> dict[str
     out = T @ b2.W_V[0].detach() @ b2.W_O[0].detach() @ WU
     gamma = out[torch.arange(len(ids)), torch.tensor(ids)].sum()
     return {"alpha": float(alpha), "beta": float(beta), "gamma": float(gamma)}
+
+
+# ---------------------------------------------------------------- reading a model's weights in IMIR coordinates
+
+def s_dimensions(layout: Layout, n_layers: int, n_heads: int = 1):
+    """Coordinates of S per weight matrix against that matrix's number of entries (a DataFrame)."""
+    import pandas as pd
+
+    basis = IMIRBasis.concatenated(layout, n_layers, n_heads)
+    rows = []
+    for l in range(n_layers):
+        n = len(basis.paths[l])
+        rows.append({"layers": n_layers, "weight": f"W_QK layer {l + 1}", "paths seen": n,
+                     "coordinates": math.prod(basis.qk_shape(l)), "entries": n_heads * basis.D ** 2})
+    rows.append({"layers": n_layers, "weight": "W_U", "paths seen": len(basis.paths[n_layers]),
+                 "coordinates": math.prod(basis.readout_shape), "entries": basis.D * layout.n_tokens})
+    return pd.DataFrame(rows)
+
+
+def unit_coordinates(basis: IMIRBasis, params: Mapping[str, torch.Tensor]):
+    """Every coordinate of the projection on S in units of its unit basis element (theta * ||element||),
+    a pandas Series indexed by coordinate name."""
+    import pandas as pd
+
+    theta = basis.coordinates(params) * basis.coordinate_norms()
+    return pd.Series(theta.numpy(), index=basis.coordinate_names())
+
+
+def captured_fraction(basis: IMIRBasis, params: Mapping[str, torch.Tensor],
+                      directions: Mapping[str, Mapping[str, float]]) -> float:
+    """Share of ||proj_S W||^2 on the named (mutually orthogonal) directions."""
+    inside = basis.project(params)
+    total = sum(w.pow(2).sum().item() for w in inside.values())
+    on = sum(basis.direction_value(params, d) ** 2 for d in directions.values())
+    return on / total if total > 0 else float("nan")
+
+
+def largest_other_coordinates(basis: IMIRBasis, params: Mapping[str, torch.Tensor],
+                              directions: Mapping[str, Mapping[str, float]], top: int):
+    """The `top` largest coordinates (unit elements) that belong to none of the named directions (a DataFrame)."""
+    import pandas as pd
+
+    coords = unit_coordinates(basis, params)
+    named = {c for d in directions.values() for c in d}
+    other = coords[[n for n in coords.index if n not in named]]
+    order = other.abs().sort_values(ascending=False).index[:top]
+    return pd.DataFrame({"coordinate": order, "value (unit element)": other[order].to_numpy()})
+
+
+def coordinates_of(run, member: int, layout: Layout) -> torch.Tensor:
+    """Flat IMIR coordinates of a trained member of `run` (its theta for an IMIRModel, the projection on S
+    for a full model)."""
+    from ..models.imir import IMIRModel  # models.imir builds on this module
+
+    model = run.model(member)
+    if isinstance(model, IMIRModel):
+        return model.theta().detach().double()
+    return IMIRBasis.from_model(model, layout).coordinates(dict(model.named_parameters()))
