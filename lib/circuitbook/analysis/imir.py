@@ -35,11 +35,10 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Iterable, Mapping, Sequence
 
 import torch
-import torch.nn as nn
 
 COMMON, RARE, FILL, BOS = 0, 1, 2, 3
 CLASS_NAMES = {COMMON: "common", RARE: "rare", FILL: "fill", BOS: "bos"}
@@ -130,7 +129,7 @@ class Layout:
 
     def readout_selections(self, dtype=torch.float64) -> dict[str, torch.Tensor]:
         """The readout selections as [d0, V] matrices (logits = z^T R)."""
-        V, L, d0 = self.n_tokens, self.seq_len, self.d0
+        V, d0 = self.n_tokens, self.d0
         out = {}
         for name, sel in self.selections(dtype).items():
             if not name.startswith("pos"):
