@@ -127,13 +127,16 @@ def load_model(cfg, runs: dict | None = None, step: int | None = None
         model = check_chapter_model(load_transformer_lens_checkpoint(path, None), f"checkpoint {path!r}")
         c = model.cfg
         note_release(cfg, f"one checkpoint file (d_model {c.d_model}, d_mlp {c.d_mlp}), no training history")
-        return model, f"external checkpoint {path} (d_model {c.d_model}, d_mlp {c.d_mlp}, {c.n_layers} layers)", None
+        # the file's name, never its path on the builder's machine: the description is printed on the page
+        shape = f"d_model {c.d_model}, d_mlp {c.d_mlp}, {c.n_layers} layers"
+        return model, f"external checkpoint {Path(path).name} ({shape})", None
     run = (runs or {}).get("main") or source_run(cfg)
     step = final_step(run) if step is None else step
     if path:
         note_release(cfg, f"{run.release.describe()}; the model at step {step} analysed (and any checkpoint the "
                           f"page names)")
-    where = f"released run {path}" if path else f"the book's own run {run.name} (key {run.key[:8]}), member 0"
+    where = (f"released run {Path(path).expanduser().name}" if path
+             else f"the book's own run {run.name} (key {run.key[:8]}), member 0")
     return run.model(0, step), f"{where}, step {step}", run
 
 
