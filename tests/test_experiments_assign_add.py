@@ -558,7 +558,7 @@ def test_model_and_train_configs():
 def test_composed_run_reads_a_run_and_its_continuation_as_one():
     def fake(steps, ckpts, metric_steps, tag):
         return SimpleNamespace(
-            train_config=SimpleNamespace(steps=steps), model_config=TINY, dir="d", key=tag, path="p",
+            train_config=SimpleNamespace(steps=steps), model_config=TINY, dir="d", key=tag, name=tag, path="p",
             manifest={"train_seconds": 10.0}, n_members=1, checkpoint_steps=lambda: ckpts,
             metrics=lambda: pd.DataFrame({"step": metric_steps, "member": 0, "acc": [tag] * len(metric_steps)}),
             model=lambda member=0, step=None: (tag, step))

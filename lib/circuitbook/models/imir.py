@@ -7,14 +7,14 @@ so it is much cheaper than the ToyTransformer with the same weights (identical l
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Mapping
 
 import torch
 import torch.nn as nn
 
 from ..analysis.imir import IMIRBasis, Layout
-from .registry import register_model
+from .registry import from_known_fields, register_model
 
 # The model computes through the layout's embedding and the basis' selections, which live in analysis/imir.py:
 # that file is part of what an IMIR run computes, so it enters the run's key with this one.
@@ -77,11 +77,7 @@ class IMIRConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "IMIRConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown IMIRConfig fields {unknown}; allowed: {sorted(known)}")
-        return cls(**d)
+        return from_known_fields(cls, d)
 
     def build(self, seed: int | None = 0) -> "IMIRModel":
         return IMIRModel(self, seed)

@@ -32,6 +32,17 @@ def register_model(config_cls: type) -> type:
     return config_cls
 
 
+def from_known_fields(cls: type, d: dict):
+    """`cls(**d)` for a dataclass config, refusing a field it does not have (a config of another version)."""
+    from dataclasses import fields
+
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields {unknown}; allowed: {sorted(known)}")
+    return cls(**d)
+
+
 def config_class(kind: str) -> type | None:
     """The config class stored as `kind`: a library model (imported now) or a registered one; None if neither."""
     if kind in LIBRARY_MODELS:

@@ -110,20 +110,13 @@ class ComposedRun:
         self.model_config = second.model_config
         self.train_config = second.train_config
         self.dir, self.key, self.path = second.dir, second.key, second.path
+        self.name, self.n_members = second.name, second.n_members
         self.boundary = first.train_config.steps
         self.manifest = {"train_seconds": round(first.manifest.get("train_seconds", 0)
                                                 + second.manifest.get("train_seconds", 0), 2)}
 
     def __repr__(self):
         return f"ComposedRun({self.first!r} -> {self.second!r} from step {self.boundary})"
-
-    @property
-    def name(self) -> str:
-        return self.second.name
-
-    @property
-    def n_members(self) -> int:
-        return self.second.n_members
 
     def metrics(self) -> pd.DataFrame:
         a, b = self.first.metrics(), self.second.metrics()

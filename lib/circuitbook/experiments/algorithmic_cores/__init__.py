@@ -39,38 +39,8 @@ Agreement in a language model (notebook 05, AC-9; measure)
     `agreement_margin`, `layer_cores`, `flip_effect`, `greedy_generate`, `first_verb_number`,
     `spearman_alignment`, `agreement_model_analysis`.
 """
-from .evaluate import (modular_evaluate, NextTokenAccuracy)
-from .measure import (agreement_margin, agreement_model_analysis, AgreementResult, auto_fork_step,
-                      class_mean_operator, core_trajectory, dim_value, dimension_growth, eig_relative_error,
-                      eigen_frequencies, first_verb_number, fit_power_law_or_none, flip_effect, greedy_generate,
-                      grokking_times, joint_crossing, layer_cores, margins, markov_member_analysis,
-                      markov_model_analysis, markov_pairs, MarkovMember, matched_eig_errors, modular_core_at,
-                      oriented, per_seed_exponents, pick_steps, planted_system, PlantedModel, PlantedSystem,
-                      PLURAL_VERBS, readout_common_mode, seed_mean_delays, seed_mean_exponent, shift_operator,
-                      shift_sequences, SINGULAR_VERBS, slow_modes, spearman_alignment, state_conditional_operator,
-                      unit_circle_deviation, unit_circle_share, unit_circle_tolerance, weight_matrices,
-                      with_threshold)
-from .runs import (choose_fork_step, epochs_to_steps, fork_step, grokking_model_config, grokking_task,
-                   grokking_train_config, markov_chain, markov_definition, markov_evaluator, markov_model_config,
-                   MARKOV_SETUPS, markov_task, markov_train_config, MODULAR_BLOCKS, modular_model_config,
-                   modular_task, notebook_runs, omega_members, sweep_model_config, train_grokking, train_markov,
-                   train_omega_sweep, train_p_sweep, train_wd0_branch)
-from .records import (column_values, compare_setups, eigen_label, final_frequencies, grokking_summary,
-                      markov_claim_values, operator_diagnostic, seed_summary)
+from ...analysis.curves import fit_power_law_or_none
+from .. import public_names
+from . import evaluate, measure, records, runs
 
-__all__ = [
-    "modular_evaluate", "NextTokenAccuracy", "agreement_margin", "agreement_model_analysis", "AgreementResult",
-    "auto_fork_step", "class_mean_operator", "core_trajectory", "dim_value", "dimension_growth",
-    "eig_relative_error", "eigen_frequencies", "first_verb_number", "fit_power_law_or_none", "flip_effect",
-    "greedy_generate", "grokking_times", "joint_crossing", "layer_cores", "margins", "markov_member_analysis",
-    "markov_model_analysis", "markov_pairs", "MarkovMember", "matched_eig_errors", "modular_core_at", "oriented",
-    "per_seed_exponents", "pick_steps", "planted_system", "PlantedModel", "PlantedSystem", "PLURAL_VERBS",
-    "readout_common_mode", "seed_mean_delays", "seed_mean_exponent", "shift_operator", "shift_sequences",
-    "SINGULAR_VERBS", "slow_modes", "spearman_alignment", "state_conditional_operator", "unit_circle_deviation",
-    "unit_circle_share", "unit_circle_tolerance", "weight_matrices", "with_threshold", "choose_fork_step",
-    "epochs_to_steps", "fork_step", "grokking_model_config", "grokking_task", "grokking_train_config",
-    "markov_chain", "markov_definition", "markov_evaluator", "markov_model_config", "MARKOV_SETUPS", "markov_task",
-    "markov_train_config", "MODULAR_BLOCKS", "modular_model_config", "modular_task", "notebook_runs",
-    "omega_members", "sweep_model_config", "train_grokking", "train_markov", "train_omega_sweep", "train_p_sweep",
-    "train_wd0_branch", "column_values", "compare_setups", "eigen_label", "final_frequencies", "grokking_summary",
-    "markov_claim_values", "operator_diagnostic", "seed_summary"]
+__all__ = ["fit_power_law_or_none", *public_names(globals(), evaluate, measure, runs, records)]

@@ -34,38 +34,7 @@ the loss is the library's last-position cross-entropy; "unit directions": an IMI
 `IMIRBasis.direction_value` are coefficients on directions of unit Frobenius norm in weight
 space, so restricted and unrestricted models are read in the same units.
 """
-from .evaluate import (CircuitProbe, CoordinateEvaluator, DistanceProbe, member_weights, Probe, ProgressProbe,
-                       recall_pools, recall_task, two_hop_task)
-from .measure import (aiding_split, backward_elimination, boundary_sharpness, broken_assumptions,
-                      burstiness_at_points, burstiness_table, calibrated_factor, circuit_accuracy,
-                      CIRCUIT_DIRECTIONS, CIRCUITS, emergence_table, finds_two_hop_circuit, gradient_grid,
-                      ICL_DIRECTIONS, icl_gradient, icl_gradient_vector, learned_delta, loss_gap,
-                      monte_carlo_outside, nested_fits, OTHER_DIRECTIONS, own_sizes, per_direction_errors,
-                      per_direction_r2, point_outcomes, power_curve, pvalue_table, QUERY_TYPES, random_chain_rate,
-                      relative_error, scaling_table, share_outside_directions, span_columns, suppression_law,
-                      theory_factor, three_layer_directions, trajectory_points, type_gradients, type_weights,
-                      WEIGHT_NAMES_2, winners, with_direction, with_point)
-from .runs import (burstiness_members, EnumeratedTask, example_tasks, im1_task, im5_design, im5_task, im6_task,
-                   init_design, InitTable, notebook_runs, suppression_grid, suppression_members, sweep_members,
-                   train_burstiness_sweep, train_icl_trajectory, train_in_and_off_s, train_init_ensemble,
-                   train_restricted_and_full, train_scaling, train_standard, train_suppression_sweep,
-                   train_two_hop, two_layer_task)
-from .records import (circuit_graph, draw_circuit, example_table, PAPER_AIDING_ACCURACY, survivors_table,
-                      type_gradient_table)
+from .. import public_names
+from . import evaluate, measure, records, runs
 
-__all__ = ["CircuitProbe", "CoordinateEvaluator", "DistanceProbe", "member_weights", "Probe", "ProgressProbe",
-           "recall_pools", "recall_task", "two_hop_task", "aiding_split", "backward_elimination",
-           "boundary_sharpness", "broken_assumptions", "burstiness_at_points", "burstiness_table",
-           "calibrated_factor", "circuit_accuracy", "CIRCUIT_DIRECTIONS", "CIRCUITS", "emergence_table",
-           "finds_two_hop_circuit", "gradient_grid", "ICL_DIRECTIONS", "icl_gradient", "icl_gradient_vector",
-           "learned_delta", "loss_gap", "monte_carlo_outside", "nested_fits", "OTHER_DIRECTIONS", "own_sizes",
-           "per_direction_errors", "per_direction_r2", "point_outcomes", "power_curve", "pvalue_table",
-           "QUERY_TYPES", "random_chain_rate", "relative_error", "scaling_table", "share_outside_directions",
-           "span_columns", "suppression_law", "theory_factor", "three_layer_directions", "trajectory_points",
-           "type_gradients", "type_weights", "WEIGHT_NAMES_2", "winners", "with_direction", "with_point",
-           "burstiness_members", "EnumeratedTask", "example_tasks", "im1_task", "im5_design", "im5_task",
-           "im6_task", "init_design", "InitTable", "notebook_runs", "suppression_grid", "suppression_members",
-           "sweep_members", "train_burstiness_sweep", "train_icl_trajectory", "train_in_and_off_s",
-           "train_init_ensemble", "train_restricted_and_full", "train_scaling", "train_standard",
-           "train_suppression_sweep", "train_two_hop", "two_layer_task", "circuit_graph", "draw_circuit",
-           "example_table", "PAPER_AIDING_ACCURACY", "survivors_table", "type_gradient_table"]
+__all__ = public_names(globals(), evaluate, measure, runs, records)

@@ -32,25 +32,7 @@ The generic tools (any corpus, any model) are in `circuitbook.analysis.leading_t
 `context_lift`, `similarity`, `embedding_agreement`, `attention_token_scores`, `attention_agreement`,
 `frequent_ids`, `agrees`.
 """
-from .evaluate import CosineEvaluator
-from .measure import (ADJECTIVES, NOUNS, SETTINGS, WORD_CLASSES, ablation_table, adjective_noun_share,
-                      baseline_table, class_purity, cosine_frame, early_agreement, loss_with, mean_loss, min_cosines,
-                      neighbours, s_eta_until_below, setting_hit_rate, top_context_partners, top_pairs,
-                      top_successors, undone_fractions)
-from .records import (PAPER_ABLATION, WEIGHT_TITLES, activation_gib, attention_summary, embedding_summary, lm_label,
-                      matrix_summary, names_or_none, plot_cosines)
-from .runs import (BPE, CHAPTER, EARLY_LM, LM_CHECKPOINTS, MAIN, PAPER_LM, PAPER_STEPS_PER_EPOCH, LocalCheckpoints,
-                   batch_size, cosine_evaluator, early_lm, first_batch, first_batch_stats, gpt_config, lm_batch,
-                   lm_is_substitute, lm_name, lm_steps, lm_train_config, load_corpus, main_run, make_task,
-                   model_config, notebook_runs, pretrained_lm, steps_per_epoch, substitute_lm, train_config)
+from .. import public_names
+from . import evaluate, measure, records, runs
 
-__all__ = ["CosineEvaluator", "ADJECTIVES", "NOUNS", "SETTINGS", "WORD_CLASSES", "ablation_table",
-           "adjective_noun_share", "baseline_table", "class_purity", "cosine_frame", "early_agreement", "loss_with",
-           "mean_loss", "min_cosines", "neighbours", "s_eta_until_below", "setting_hit_rate", "top_context_partners",
-           "top_pairs", "top_successors", "undone_fractions", "PAPER_ABLATION", "WEIGHT_TITLES", "activation_gib",
-           "attention_summary", "embedding_summary", "lm_label", "matrix_summary", "names_or_none", "plot_cosines",
-           "BPE", "CHAPTER", "EARLY_LM", "LM_CHECKPOINTS", "MAIN", "PAPER_LM", "PAPER_STEPS_PER_EPOCH",
-           "LocalCheckpoints", "batch_size", "cosine_evaluator", "early_lm", "first_batch", "first_batch_stats",
-           "gpt_config", "lm_batch", "lm_is_substitute", "lm_name", "lm_steps", "lm_train_config", "load_corpus",
-           "main_run", "make_task", "model_config", "notebook_runs", "pretrained_lm", "steps_per_epoch",
-           "substitute_lm", "train_config"]
+__all__ = public_names(globals(), evaluate, measure, runs, records)
