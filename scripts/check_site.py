@@ -112,7 +112,7 @@ def check_page(driver, page: Path, width: int, kind: str = "other") -> list[str]
     if "[circuitbook]" in text:
         problems.append("shows a [circuitbook] log line")
     if kind == "chapter" and not driver.execute_script(
-            "return document.querySelectorAll('figure.cb-summary-figure img, .cb-summary-figure img').length"):
+            "return document.querySelectorAll('img.cb-summary-figure, .cb-summary-figure img').length"):
         problems.append("no summary figure (paper against book)")
     if kind == "notebook" and not driver.execute_script("return document.querySelectorAll('.cb-rerun').length"):
         problems.append("no re-run box")

@@ -14,13 +14,14 @@ CLAIM = {"id": "X-1", "measured": ["acc", "jump"],
 
 
 def row(status, parts):
-    return {"id": "X-1", "status": status, "parts": [{"name": n, "status": s, "detail": d} for n, s, d in parts]}
+    return {"id": "X-1", "status": status, "measured": "acc = 0.8", "parts": [{"name": n, "status": s, "detail": d} for n, s, d in parts]}
 
 
 def test_values_read_as_a_reader_reads_them():
     assert presentation.format_value(0.74512) == "0.745"
     assert presentation.format_value(5312.4, "steps") == "5,312"
     assert presentation.format_value(12.0) == "12"
+    assert presentation.format_value(0.99973) == "0.9997" and presentation.format_value(1.0) == "1"
     assert presentation.format_value([0.9, float("nan"), 0.7, 0.8]) == "0.8"  # the median of the seeds that measured
     assert presentation.format_value(float("nan")) == "not measured"
     assert presentation.format_value(3.1e-14) == "3.10e-14"

@@ -61,7 +61,11 @@ def _number(v: float, unit: str) -> str:
         return f"{round(v):,}"
     if v != 0 and not 1e-3 <= abs(v) < 1e5:
         return f"{v:.2e}"
-    return f"{v:.3g}"
+    for digits in range(3, 7):  # a value just below 1 (a cosine of 0.9997) is not shown as "1"
+        text = f"{v:.{digits}g}"
+        if float(text) != round(float(text)) or float(text) == v:
+            return text
+    return text
 
 
 def format_value(value, unit: str = "") -> str:
@@ -175,7 +179,7 @@ def summary_figure(chapter: str, rows: list[dict], path: Path) -> int:
     colors = {"reproduced": "#2e7d32", "partial": "#e0a100", "not reproduced": "#c62828", "not measured": "#757575",
               "not run": "#9e9e9e", "stale": "#6d4c41"}
     n = max(len(lines), 1)
-    fig, axes = plt.subplots(n, 1, figsize=(6.4, 0.55 * n + 0.6), squeeze=False)
+    fig, axes = plt.subplots(n, 1, figsize=(6.4, 0.8 * n + 0.6), squeeze=False)
     for ax, (row, rule, r, seeds) in zip(axes[:, 0], lines):
         kind = claims.status_kind(row["status"])
         target = [r["lo"], r["hi"]] if "lo" in r else [r["center"] - r["tol"], r["center"] + r["tol"]] \
