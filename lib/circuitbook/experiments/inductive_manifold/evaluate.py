@@ -16,6 +16,10 @@ from ...tasks.base import Batch
 from ...tasks.blocklist import BlockListTask
 from ...training import Evaluator, default_device
 
+# The probes compute through the IMIR basis and coordinates of analysis/imir.py (distance to S, directions):
+# that file is part of what every run they evaluate computes, so it enters those runs' keys with this one.
+RUN_KEY_SOURCES = ("analysis/imir.py",)
+
 
 def recall_task(n_pairs: int, n_blocks: int, f_v: float, f_r: float = 0.0, n_rare: int = 0, burstiness: int = 1,
                 bos: bool = True) -> BlockListTask:
