@@ -56,20 +56,6 @@ IN_THE_KEY = [
 ]
 
 
-@pytest.mark.parametrize("rel, old, new", NOT_IN_THE_KEY, ids=[f"{r}:{o[:20]}" for r, o, _ in NOT_IN_THE_KEY])
-def test_editing_what_does_not_compute_the_run_keeps_its_key(package, rel, old, new):
-    before = key(package)
-    _edit(package / rel, old, new)
-    assert key(package) == before
-
-
-@pytest.mark.parametrize("rel, old, new", IN_THE_KEY, ids=[f"{r}:{o[:20]}" for r, o, _ in IN_THE_KEY])
-def test_editing_the_code_that_computes_the_run_changes_its_key(package, rel, old, new):
-    before = key(package)
-    _edit(package / rel, old, new)
-    assert key(package) != before
-
-
 def test_source_digest_ignores_comments_docstrings_and_blank_lines(tmp_path):
     a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
     a.write_text('"""Module."""\n\n\ndef f(x):\n    """Doc."""\n    return x + 1  # add one\n')
@@ -108,15 +94,22 @@ CHAPTER_IN_THE_KEY = [
 ]
 
 
-@pytest.mark.parametrize("rel, old, new", CHAPTER_NOT_IN_THE_KEY, ids=[f"{r}:{o[:20]}" for r, o, _ in CHAPTER_NOT_IN_THE_KEY])
-def test_editing_a_chapters_measures_records_or_run_definitions_keeps_its_runs_keys(package, rel, old, new):
-    before = chapter_key(package)
-    _edit(package / rel, old, new)
-    assert chapter_key(package) == before
+KEEPS = [(key, *case) for case in NOT_IN_THE_KEY] + [(chapter_key, *case) for case in CHAPTER_NOT_IN_THE_KEY]
+CHANGES = [(key, *case) for case in IN_THE_KEY] + [(chapter_key, *case) for case in CHAPTER_IN_THE_KEY]
 
 
-@pytest.mark.parametrize("rel, old, new", CHAPTER_IN_THE_KEY, ids=[f"{r}:{o[:20]}" for r, o, _ in CHAPTER_IN_THE_KEY])
-def test_editing_a_chapters_evaluator_or_model_or_what_they_compute_through_changes_the_key(package, rel, old, new):
-    before = chapter_key(package)
+@pytest.mark.parametrize("run_key, rel, old, new", KEEPS, ids=[f"{k.__name__}:{r}:{o[:20]}" for k, r, o, _ in KEEPS])
+def test_editing_what_does_not_compute_the_run_keeps_its_key(package, run_key, rel, old, new):
+    """The training core's own runs (`key`) and a chapter's (`chapter_key`): chunking, planning, the reader,
+    a chapter's measures, records and run definitions never change a run's key."""
+    before = run_key(package)
     _edit(package / rel, old, new)
-    assert chapter_key(package) != before
+    assert run_key(package) == before
+
+
+@pytest.mark.parametrize("run_key, rel, old, new", CHANGES, ids=[f"{k.__name__}:{r}:{o[:20]}" for k, r, o, _ in CHANGES])
+def test_editing_the_code_that_computes_the_run_changes_its_key(package, run_key, rel, old, new):
+    """The loop, the task, the model, the evaluator and the files they name in RUN_KEY_SOURCES always do."""
+    before = run_key(package)
+    _edit(package / rel, old, new)
+    assert run_key(package) != before
