@@ -52,7 +52,7 @@ def test_the_failed_part_names_its_rule_and_the_measured_value():
 
 
 def test_measured_items_label_every_key_and_fold_the_seeds():
-    items = presentation.measured_items({}, CLAIM, LABELS, {"acc": [0.7, 0.8, 0.9], "jump": 5300.0})
+    items = presentation.measured_items(CLAIM, LABELS, {"acc": [0.7, 0.8, 0.9], "jump": 5300.0})
     assert items == [{"key": "acc", "label": "held-out accuracy", "value": "0.8", "seeds": "0.7, 0.8, 0.9"},
                      {"key": "jump", "label": "step of the jump", "value": "5,300 steps", "seeds": ""}]
 

@@ -243,16 +243,17 @@ def write_generated_pages(src: Path, profile: str, seconds: dict | None = None) 
     text = page.read_text() if page.exists() else SCORECARD_MARKER
     page.write_text(text.replace(SCORECARD_MARKER, pages.scorecard_markdown(profile)))
     built = time.strftime("%Y-%m-%d %H:%M")
+    scorecard = claims.scorecard(profile)  # once: every chapter's header, table and figure read these rows
     for chapter in claims.claim_chapters():
         if chapter == params.BOOK_PSEUDO_CHAPTER:
             continue
         index = src / "chapters" / chapter / "index.md"
         if index.exists():
             ch_seconds = {nb: (seconds or {}).get(f"{chapter}/{nb}") for nb in params.notebooks(chapter)}
-            rows = [r for r in claims.scorecard(profile) if r["chapter"] == chapter]
+            rows = [r for r in scorecard if r["chapter"] == chapter]
             presentation.summary_figure(chapter, rows, index.parent / "_generated" / "summary.png")
             index.write_text(pages.place_chapter_header(index.read_text(), chapter, profile, ch_seconds, built,
-                                                        figure="_generated/summary.png"))
+                                                        figure="_generated/summary.png", rows=rows))
     for nb in book_notebooks(repo_root()):
         staged = src / nb.path
         if staged.exists():

@@ -69,7 +69,7 @@ def _measured_cell(r: dict) -> tuple[str, list[dict]]:
     claim = next(c for c in claims.load_claims(r["chapter"])["claims"] if c["id"] == r["id"])
     labels = presentation.chapter_labels(r["chapter"])
     values = presentation.row_values(r) if r.get("measured") else {}
-    shown = presentation.measured_items(r, claim, labels, values)
+    shown = presentation.measured_items(claim, labels, values)
     cell = "".join(f'<li><span class="cb-label">{_e(m["label"])}</span>: <span class="cb-value">{_e(m["value"])}'
                    f'</span>{" (median of seeds)" if m["seeds"] else ""}</li>' for m in shown)
     cell = f'<ul class="cb-values">{cell}</ul>' if cell else "-"
@@ -136,11 +136,11 @@ def chapter_header(chapter: str, profile: str, seconds: dict[str, float | None],
 
 
 def place_chapter_header(index_text: str, chapter: str, profile: str, seconds: dict, built: str | None = None,
-                         figure: str | None = None) -> str:
+                         figure: str | None = None, rows: list[dict] | None = None) -> str:
     """The chapter's landing page with "what was run" and its verdicts right under the title, and its
     claims table (verdict first) and the summary figure (`figure`: its path relative to the page) where
-    `<!-- claims-table -->` stands."""
-    rows = [r for r in claims.scorecard(profile) if r["chapter"] == chapter]
+    `<!-- claims-table -->` stands. `rows`: the chapter's scorecard rows, if the caller has them."""
+    rows = rows if rows is not None else [r for r in claims.scorecard(profile) if r["chapter"] == chapter]
     header = chapter_header(chapter, profile, seconds, built, rows)
     lines = index_text.splitlines()
     title = next((i for i, line in enumerate(lines) if line.startswith("# ")), -1)

@@ -92,7 +92,7 @@ def row_values(row: dict) -> dict:
     return {k: v.get("value") for k, v in ((results or {}).get("values") or {}).items()}
 
 
-def measured_items(row: dict, claim: dict, labels: dict, values: dict) -> list[dict]:
+def measured_items(claim: dict, labels: dict, values: dict) -> list[dict]:
     """The Measured column's entries: label, formatted value (with unit), per-seed values, raw key."""
     out = []
     for key in claim["measured"]:
