@@ -26,18 +26,16 @@ HOLD = textwrap.dedent("""
     """)
 
 
-def start(tmp_path, *args):
-    script = tmp_path / "hold.py"
-    script.write_text(HOLD)
-    return subprocess.Popen([sys.executable, str(script), *map(str, args)])
-
-
 def test_processes_never_hold_the_lock_at_once(tmp_path):
     lock, log = tmp_path / "run.lock", tmp_path / "log.jsonl"
-    procs = [start(tmp_path, lock, log, 8, 30) for _ in range(3)]
+    # The script is written once, before any process starts: rewriting it for each start truncated it under
+    # a process still reading it, which then ran an empty script and exited 0 with no rounds (CI, stop 28).
+    script = tmp_path / "hold.py"
+    script.write_text(HOLD)
+    procs = [subprocess.Popen([sys.executable, str(script), *map(str, (lock, log, 8, 30))]) for _ in range(3)]
     assert all(p.wait(120) == 0 for p in procs)
     events = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(events) == 2 * 3 * 8
+    assert len(events) == 2 * 3 * 8, "every process logs each of its 8 rounds"
     depth = 0
     for kind, _ in events:  # appended in the order they happened: strictly in, out, in, out, ...
         depth += 1 if kind == "in" else -1
