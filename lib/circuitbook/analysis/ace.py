@@ -650,3 +650,45 @@ def fit_core_operator(sequences, intercept: bool = False) -> CoreOperator:
     eig = torch.linalg.eigvals(A)
     eig = eig[torch.argsort(eig.abs(), descending=True, stable=True)]
     return CoreOperator(A=A, b=coef[r] if intercept else None, eigenvalues=eig, r2=float(r2))
+
+
+# --------------------------------------------------------------------------- reading dimensions and operators
+def dim_value(dim: int | None) -> float:
+    """A sufficient or necessary dimension as a number: inf when no k qualified (no core that small
+    or that large does the job), never NaN (NaN would read as "not measured")."""
+    return math.inf if dim is None else float(dim)
+
+
+def unit_circle_deviation(eigenvalues) -> float:
+    """mean_i | |lambda_i| - 1 |: 0 when every eigenvalue lies on the unit circle."""
+    eig = torch.as_tensor(eigenvalues)
+    return float((eig.abs() - 1).abs().mean())
+
+
+def unit_circle_share(eigenvalues, tol: float) -> float:
+    """The share of eigenvalues within `tol` of the unit circle, | |lambda| - 1 | <= tol."""
+    eig = torch.as_tensor(eigenvalues)
+    return float(((eig.abs() - 1).abs() <= tol).double().mean()) if eig.numel() else float("nan")
+
+
+def unit_circle_tolerance(p: int) -> float:
+    """sin(pi / p): the paper's tolerance for an eigenvalue on the unit circle (half the chord between
+    neighbouring p-th roots of unity)."""
+    return math.sin(math.pi / p)
+
+
+def class_mean_operator(core: AceCore, activations: torch.Tensor, labels: torch.Tensor, p: int
+                        ) -> CoreOperator:
+    """The paper's AC-6 operator: the shift c -> c + 1 of the per-answer mean core coordinates.
+
+    m_c = mean of the core coordinates over the inputs with answer c; A is the least-squares fit of
+    m_{c+1} = A m_c around the cycle c = 0, 1, ..., p - 1, 0 (no intercept: with every answer equally
+    often, the means average to the core's origin). At most p - 1 core directions are used, so that the
+    p transitions determine A.
+    """
+    z = core.coordinates(activations)[:, :max(1, min(core.rank, p - 1))]
+    y = torch.as_tensor(labels).long()
+    if y.shape[0] != z.shape[0] or y.min() < 0 or y.max() >= p or len(torch.unique(y)) != p:
+        raise ValueError(f"labels must give every answer 0..{p - 1} for the {z.shape[0]} activations")
+    means = torch.stack([z[y == c].mean(0) for c in range(p)])
+    return fit_core_operator(torch.cat([means, means[:1]]), intercept=False)

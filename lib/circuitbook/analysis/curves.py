@@ -8,6 +8,7 @@ by linear interpolation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -167,3 +168,11 @@ def fit_power_law_or_none(x, y, n_boot: int = 2000, min_points: int = 3) -> Powe
         return fit_power_law(x, y, n_boot=n_boot, min_points=min_points)
     except ValueError:
         return None
+
+
+def pick_steps(steps: Sequence[int], n: int) -> list[int]:
+    """At most n of the given steps, evenly spread over their index (first and last always kept)."""
+    steps = sorted(set(int(s) for s in steps))
+    if len(steps) <= n:
+        return steps
+    return sorted({steps[int(round(i))] for i in np.linspace(0, len(steps) - 1, n)})

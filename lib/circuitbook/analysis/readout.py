@@ -161,3 +161,26 @@ def validation_ks(model: ToyTransformer, core: ace.AceCore, n_modes: int) -> lis
     update), else up to 2 r + 4 (each k costs one readout through the final LayerNorm)."""
     top = n_modes if affine_readout(model) else min(n_modes, 2 * core.rank + 4)
     return list(range(1, top + 1))
+
+
+def core_dimensions(model: ToyTransformer, tokens: torch.Tensor, labels: torch.Tensor,
+                    definition: ace.CoreDefinition, chance: float, max_rank: int | None = None) -> dict:
+    """ACE at the last residual stream (last position) of `tokens` and the dimensions a definition reads off it:
+    the energy rank r, the sufficient and necessary dimensions (keep / remove for every k up to `max_rank`,
+    default every ACE mode; inf where no k qualifies), the core dimension max(r, necessary dimension), the
+    bare necessary k (not raised to r), clean accuracy, keep and remove accuracy at r; and the core, its
+    inputs and the validation. `chance` sets the necessary level (the definition's multiple of it)."""
+    core, inputs = ace_final(model, tokens, position=-1, definition=definition, batch_size=4096)
+    n_modes = core.sigma.numel()
+    top = min(n_modes, max_rank or n_modes)
+    full = ace.extract_core(inputs.activations, inputs.jacobians, rank=top)
+    val = validate_readout(model, inputs.activations, labels, full, chance=chance, modes=("keep", "remove"),
+                           definition=definition, energy_rank=core.rank)
+    k = min(core.rank, full.rank)
+    bare = ace.necessary_dimension(val.ks, val.remove, val.necessary_level)  # the smallest k, not raised to r
+    return {"rank": core.rank, "sufficient_dim": ace.dim_value(val.sufficient_dim),
+            "necessary_dim": ace.dim_value(val.necessary_dim), "necessary_k": ace.dim_value(bare),
+            "core_dim": max(float(core.rank), ace.dim_value(val.necessary_dim)), "clean_acc": val.clean,
+            "keep_acc_at_rank": val.keep[k - 1], "remove_acc_at_rank": val.remove[k - 1],
+            "keep_ratio_at_rank": val.keep[k - 1] / max(val.clean, 1e-12), "validation": val, "core": core,
+            "inputs": inputs}

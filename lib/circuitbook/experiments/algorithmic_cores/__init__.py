@@ -39,8 +39,15 @@ Agreement in a language model (notebook 05, AC-9; measure)
     `agreement_margin`, `layer_cores`, `flip_effect`, `greedy_generate`, `first_verb_number`,
     `spearman_alignment`, `agreement_model_analysis`.
 """
-from ...analysis.curves import fit_power_law_or_none
+from ...analysis.ace import (class_mean_operator, dim_value, unit_circle_deviation, unit_circle_share,
+                             unit_circle_tolerance)
+from ...analysis.curves import fit_power_law_or_none, pick_steps
+from ...analysis.readout import core_dimensions
 from .. import public_names
 from . import evaluate, measure, records, runs
 
-__all__ = ["fit_power_law_or_none", *public_names(globals(), evaluate, measure, runs, records)]
+# first the tools of `analysis` the notebooks call by the chapter's name (they lived here before other chapters
+# used them)
+__all__ = ["class_mean_operator", "core_dimensions", "dim_value", "fit_power_law_or_none", "pick_steps",
+           "unit_circle_deviation", "unit_circle_share", "unit_circle_tolerance",
+           *public_names(globals(), evaluate, measure, runs, records)]

@@ -1,14 +1,15 @@
 """The chapter's measurements: pure functions of models, runs and metrics (known answers in
-`tests/test_experiments_algorithmic_cores.py`). ACE at the readout is `analysis.readout`, the random
-baselines `analysis.baselines`.
+`tests/test_experiments_algorithmic_cores.py`). ACE at the readout and the core's dimensions are `analysis.readout`
+(`core_dimensions`), the operator statistics `analysis.ace` (`class_mean_operator`, `unit_circle_*`, `dim_value`),
+the random baselines `analysis.baselines`, `pick_steps` `analysis.curves`.
 
-    definitions     with_threshold, dim_value
+    definitions     with_threshold
     planted system  PlantedSystem, planted_system, PlantedModel (notebook 01)
     Markov chains   MarkovMember, markov_model_analysis, markov_member_analysis, readout_common_mode,
                     matched_eig_errors, eig_relative_error, slow_modes, state_conditional_operator,
                     weight_matrices, markov_pairs (notebook 02)
     grokking        grokking_times, joint_crossing, auto_fork_step, modular_core_at, core_trajectory,
-                    shift_operator, class_mean_operator, unit_circle_*, eigen_frequencies, pick_steps,
+                    shift_operator, eigen_frequencies,
                     dimension_growth (notebook 03)
     delay law       per_seed_exponents, seed_mean_delays, seed_mean_exponent, fit_power_law_or_none (04)
     agreement       agreement_model_analysis, layer_cores, flip_effect, margins, greedy_generate,
@@ -28,10 +29,11 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from ...analysis import ace
+from ...analysis.ace import class_mean_operator, unit_circle_deviation, unit_circle_share, unit_circle_tolerance
 from ...analysis.baselines import cca_summary, random_projection_cca, random_subspace_overlap
 from ...analysis.compare import cca, projector_overlap, weight_cosine
 from ...analysis.curves import crossing_step, fit_power_law_or_none
-from ...analysis.readout import ace_final, final_residual, validate_readout, validation_ks
+from ...analysis.readout import ace_final, core_dimensions, final_residual, validate_readout, validation_ks
 from ...models.toy import ToyTransformer
 from ...tasks.base import Batch
 from ...tasks.markov import MarkovChain
@@ -42,12 +44,6 @@ from ...training import Run
 def with_threshold(definition: ace.CoreDefinition, energy_threshold: float | None) -> ace.CoreDefinition:
     """`definition` with another energy threshold (None keeps its own)."""
     return definition if energy_threshold is None else replace(definition, energy_threshold=float(energy_threshold))
-
-
-def dim_value(dim: int | None) -> float:
-    """A sufficient or necessary dimension as a number: inf when no k qualified (no core that small
-    or that large does the job), never NaN (NaN would read as "not measured")."""
-    return math.inf if dim is None else float(dim)
 
 
 # --------------------------------------------------------------------------- planted system
@@ -369,49 +365,6 @@ def joint_crossing(metrics: pd.DataFrame, column: str = "acc_test", threshold: f
     return float(hit[0]) if len(hit) else float("nan")
 
 
-def pick_steps(steps: Sequence[int], n: int) -> list[int]:
-    """At most n of the given steps, evenly spread over their index (first and last always kept)."""
-    steps = sorted(set(int(s) for s in steps))
-    if len(steps) <= n:
-        return steps
-    return sorted({steps[int(round(i))] for i in np.linspace(0, len(steps) - 1, n)})
-
-
-def unit_circle_deviation(eigenvalues) -> float:
-    """mean_i | |lambda_i| - 1 |: 0 when every eigenvalue lies on the unit circle."""
-    eig = torch.as_tensor(eigenvalues)
-    return float((eig.abs() - 1).abs().mean())
-
-
-def unit_circle_share(eigenvalues, tol: float) -> float:
-    """The share of eigenvalues within `tol` of the unit circle, | |lambda| - 1 | <= tol."""
-    eig = torch.as_tensor(eigenvalues)
-    return float(((eig.abs() - 1).abs() <= tol).double().mean()) if eig.numel() else float("nan")
-
-
-def unit_circle_tolerance(p: int) -> float:
-    """sin(pi / p): the paper's tolerance for an eigenvalue on the unit circle (half the chord between
-    neighbouring p-th roots of unity)."""
-    return math.sin(math.pi / p)
-
-
-def class_mean_operator(core: ace.AceCore, activations: torch.Tensor, labels: torch.Tensor, p: int
-                        ) -> ace.CoreOperator:
-    """The paper's AC-6 operator: the shift c -> c + 1 of the per-answer mean core coordinates.
-
-    m_c = mean of the core coordinates over the inputs with answer c; A is the least-squares fit of
-    m_{c+1} = A m_c around the cycle c = 0, 1, ..., p - 1, 0 (no intercept: with every answer equally
-    often, the means average to the core's origin). At most p - 1 core directions are used, so that the
-    p transitions determine A.
-    """
-    z = core.coordinates(activations)[:, :max(1, min(core.rank, p - 1))]
-    y = torch.as_tensor(labels).long()
-    if y.shape[0] != z.shape[0] or y.min() < 0 or y.max() >= p or len(torch.unique(y)) != p:
-        raise ValueError(f"labels must give every answer 0..{p - 1} for the {z.shape[0]} activations")
-    means = torch.stack([z[y == c].mean(0) for c in range(p)])
-    return ace.fit_core_operator(torch.cat([means, means[:1]]), intercept=False)
-
-
 def shift_sequences(coords: torch.Tensor, p: int) -> torch.Tensor:
     """Core coordinates of all p^2 inputs (ordered a-major, as ModularAddition.all) -> [p, p + 1, r]:
     for each a, the cycle b = 0, 1, ..., p - 1, 0 (the step b -> b + 1 mod p)."""
@@ -451,21 +404,8 @@ def modular_core_at(model: ToyTransformer, task: ModularAddition, definition: ac
 
 
 def _modular_dims(model, task, definition, max_rank) -> dict:
-    tokens, labels = task.all.tokens, task.all.labels
-    core, inputs = ace_final(model, tokens, position=-1, definition=definition, batch_size=4096)
-    n_modes = core.sigma.numel()
-    top = min(n_modes, max_rank or n_modes)
-    full = ace.extract_core(inputs.activations, inputs.jacobians, rank=top)
-    val = validate_readout(model, inputs.activations, labels, full, chance=1 / task.p, modes=("keep", "remove"),
-                           definition=definition, energy_rank=core.rank)
-    k = min(core.rank, full.rank)
-    bare = ace.necessary_dimension(val.ks, val.remove, val.necessary_level)  # the smallest k, not raised to r
-    return {"rank": core.rank, "sufficient_dim": dim_value(val.sufficient_dim),
-            "necessary_dim": dim_value(val.necessary_dim), "necessary_k": dim_value(bare),
-            "core_dim": max(float(core.rank), dim_value(val.necessary_dim)), "clean_acc": val.clean,
-            "keep_acc_at_rank": val.keep[k - 1], "remove_acc_at_rank": val.remove[k - 1],
-            "keep_ratio_at_rank": val.keep[k - 1] / max(val.clean, 1e-12), "validation": val, "core": core,
-            "inputs": inputs}
+    return core_dimensions(model, task.all.tokens, task.all.labels, definition, chance=1 / task.p,
+                           max_rank=max_rank)
 
 
 def core_trajectory(run: Run, task: ModularAddition, steps: Sequence[int], member: int = 0,

@@ -11,9 +11,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from ...analysis.ace import dim_value
 from ...tasks.markov import MarkovChain
-from .measure import (MarkovMember, _num, dim_value, eigen_frequencies, matched_eig_errors,
-                      state_conditional_operator)
+from .measure import MarkovMember, _num, eigen_frequencies, matched_eig_errors, state_conditional_operator
 
 
 # --------------------------------------------------------------------------- Markov chains
