@@ -58,3 +58,25 @@ def test_random_directions_block_of_the_identity_is_the_gram_matrix_of_unit_dire
     again = baselines.random_directions_block(M, n=4, seed=0)
     R = baselines.random_directions_block(torch.eye(6, dtype=torch.float64), n=4, seed=0)
     assert again.shape == (4, 4) and not torch.allclose(again, R)
+
+
+def test_compare_cores_of_one_model_with_itself_and_with_a_rotation():
+    """The same core on the same activations: overlap 1 and CCA 1; the activations rotated by an orthogonal map
+    (another model computing the same thing in other coordinates): CCA still 1, overlap that of the rotated
+    subspace; the baselines are those of random subspaces of the same ranks."""
+    from circuitbook.analysis.ace import extract_core
+    gen = torch.Generator().manual_seed(0)
+    D, N = 10, 400
+    Z = torch.randn(N, 3, generator=gen, dtype=torch.float64)
+    B = torch.randn(3, D, generator=gen, dtype=torch.float64)
+    H = Z @ B + 0.01 * torch.randn(N, D, generator=gen, dtype=torch.float64)
+    J = B[None].expand(N, 3, D).clone()  # three outputs that read the three planted directions
+    core = extract_core(H, J, rank=3)
+    same = baselines.compare_cores(core, H, core, H, seed=1)
+    assert same["overlap"] == pytest.approx(1.0) and same["cca_top3_min"] == pytest.approx(1.0, abs=1e-8)
+    R = torch.linalg.qr(torch.randn(D, D, generator=gen, dtype=torch.float64)).Q
+    core_r = extract_core(H @ R, J @ R, rank=3)
+    rot = baselines.compare_cores(core, H, core_r, H @ R, seed=1)
+    assert rot["cca_top3_min"] == pytest.approx(1.0, abs=1e-6) and rot["overlap"] < 0.99
+    assert rot["random_overlap"] == pytest.approx(random_subspace_overlap(D, 3, 3, seed=1))
+    assert set(rot) >= {"random_cca_top", "random_cca_top3_min", "random_cca_mean"}

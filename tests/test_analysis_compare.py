@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from circuitbook.analysis.ace import extract_core
-from circuitbook.analysis.compare import cca, matrix_cosine, projector_overlap, weight_cosine
+from circuitbook.analysis.compare import cca, contained_share, matrix_cosine, projector_overlap, weight_cosine
 from circuitbook.models.toy import ToyConfig, ToyTransformer
 
 
@@ -90,3 +90,20 @@ def test_matrix_cosine_known_values():
     assert matrix_cosine(torch.eye(2), torch.tensor([[1.0, 0], [0, 0]])) == pytest.approx(1 / 2 ** 0.5)
     with pytest.raises(ValueError, match="same shape"):
         matrix_cosine(A, torch.eye(3))
+
+
+def test_contained_share_of_planted_subspaces():
+    """1 for a subspace inside the container (any basis of it), 0 for an orthogonal one, the mean over its
+    directions in between; a random subspace has dim(F) / D in expectation."""
+    E = torch.eye(6, dtype=torch.float64)
+    F = E[:, :3]
+    assert contained_share(E[:, [0, 2]] @ torch.tensor([[1.0, 2.0], [3.0, -1.0]], dtype=torch.float64), F) == \
+        pytest.approx(1.0)
+    assert contained_share(E[:, [4, 5]], F) == pytest.approx(0.0, abs=1e-12)
+    assert contained_share(E[:, [0, 5]], F) == pytest.approx(0.5)
+    gen = torch.Generator().manual_seed(0)
+    draws = [contained_share(torch.randn(40, 2, generator=gen, dtype=torch.float64), torch.eye(40, dtype=torch.float64)[:, :10])
+             for _ in range(400)]
+    assert sum(draws) / len(draws) == pytest.approx(10 / 40, abs=0.02)
+    with pytest.raises(ValueError, match="same space"):
+        contained_share(E[:, :2], torch.eye(5, dtype=torch.float64)[:, :2])

@@ -117,3 +117,15 @@ def test_member_crossings_reads_each_member_alone():
     t = curves.member_crossings(m, "acc", 0.75)
     assert t[0] == pytest.approx(15) and math.isnan(t[1])
     assert curves.member_crossings(m, "acc", 0.75, interpolate=False)[0] == 20
+
+
+def test_settled_from_is_the_start_of_the_last_unbroken_run():
+    assert curves.settled_from([0, 10, 20, 30, 40], [False, True, False, True, True]) == 30
+    assert curves.settled_from([40, 0, 30, 10, 20], [True, False, True, True, False]) == 30, "steps are sorted first"
+    assert curves.settled_from([0, 10, 20], [True, True, True]) == 0
+    assert math.isnan(curves.settled_from([0, 10, 20], [True, True, False])), "not holding at the end: never settled"
+
+
+def test_pick_steps_spreads_over_the_index():
+    assert curves.pick_steps(range(1, 101), 5) == [1, 26, 51, 75, 100]
+    assert curves.pick_steps([3, 1, 2, 2], 5) == [1, 2, 3]

@@ -128,3 +128,26 @@ def test_summarise_grid_of_noise_needs_many_frequencies():
     s = fourier.summarise_grid(noise, power_fraction=0.8)
     assert len(s.key_frequencies) >= 20  # no few frequencies carry the power of noise
     assert s.median_single_r2 < 0.01
+
+
+def test_answer_fourier_subspace_recovers_the_planted_answer_directions():
+    """A grid that carries cos / sin of 2 pi k (n + m) / N along planted directions u, v (and a function of n
+    alone along w): the answer's subspace at k is exactly span(u, v), and the direction of n alone stays out."""
+    N, D, k = 13, 9, 3
+    gen = torch.Generator().manual_seed(0)
+    u, v, w = torch.linalg.qr(torch.randn(D, 3, generator=gen, dtype=torch.float64)).Q.T
+    n, m = torch.meshgrid(torch.arange(N), torch.arange(N), indexing="ij")
+    c = ((n + m) % N).double()
+    grid = (torch.cos(2 * math.pi * k * c / N)[..., None] * u + torch.sin(2 * math.pi * k * c / N)[..., None] * v
+            + torch.cos(2 * math.pi * 2 * n.double() / N)[..., None] * w + 5.0)
+    F = fourier.answer_fourier_subspace(grid, [k])
+    assert F.shape == (D, 2)
+    P = F @ F.T
+    assert torch.allclose(P @ u, u, atol=1e-10) and torch.allclose(P @ v, v, atol=1e-10)
+    assert float((P @ w).norm()) < 1e-10, "a feature of one operand is not the answer's"
+    # a frequency the grid does not carry adds no direction; none carried at all is refused
+    assert fourier.answer_fourier_subspace(grid, [k, 5]).shape == (D, 2)
+    with pytest.raises(ValueError, match="none of the given frequencies"):
+        fourier.answer_fourier_subspace(grid, [5])
+    with pytest.raises(ValueError, match="frequencies"):
+        fourier.answer_fourier_subspace(grid, [])

@@ -6,7 +6,8 @@ import torch
 
 from circuitbook.analysis import ace
 from circuitbook.analysis.compare import projector_overlap
-from circuitbook.analysis.readout import (ace_final, affine_readout, centred_logits, final_hook, final_residual,
+from circuitbook.analysis.readout import (ace_final, affine_readout, centred_logits, core_dimensions, final_hook,
+                                          final_residual,
                                           readout, readout_jacobians, validate_readout, validation_ks)
 from circuitbook.models.toy import ToyConfig, ToyTransformer
 
@@ -116,3 +117,19 @@ def test_readout_jacobians_equal_autograd_through_the_model(norm, outputs):
     assert (got.n_sequences, got.n_positions) == (30, 4)
     with pytest.raises(ValueError, match="outputs"):
         readout_jacobians(model, got.activations[:3], outputs="softmax")
+
+
+@pytest.mark.parametrize("read", [(0, 3), (5,)])
+def test_core_dimensions_of_a_planted_readout(read):
+    """The unembedding reads len(read) residual directions, so the energy rank is len(read); the core dimension
+    is max(rank, necessary dimension) and the bare necessary k never exceeds the necessary dimension; the dimensions
+    are those the validation of the same core gives."""
+    model = planted_readout_model(read=read)
+    tokens = torch.randint(0, 7, (300, 4), generator=torch.Generator().manual_seed(2))
+    labels = model(tokens)[:, -1].argmax(-1).detach()  # the model's own answers: clean accuracy 1
+    out = core_dimensions(model, tokens, labels, ace.PAPER, chance=1 / 5)
+    assert out["rank"] == len(read) and out["clean_acc"] == 1.0
+    assert out["core_dim"] == max(float(out["rank"]), out["necessary_dim"])
+    assert out["necessary_k"] <= out["necessary_dim"]
+    val = out["validation"]
+    assert out["sufficient_dim"] == (float(val.sufficient_dim) if val.sufficient_dim is not None else float("inf"))

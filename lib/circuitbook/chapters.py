@@ -38,8 +38,14 @@ def notebook_runs(cfg) -> dict:
     return registry(cfg)
 
 
+def chapter_params(chapter: str, notebook: str, profile: str, **overrides):
+    """Another chapter's notebook parameters at `profile` (with `overrides`), resolved and validated as that
+    notebook resolves them: what a reader needs to rebuild the task its runs were trained on."""
+    return params.resolve(chapter, notebook, profile, overrides)
+
+
 def chapter_runs(chapter: str, notebook: str, profile: str, **overrides) -> dict:
     """Another chapter's runs, as its notebook `chapter/notebook` trains them at `profile` (with `overrides`):
     that notebook's parameters resolved and its chapter's registry called (a cached run is loaded, a missing
     one trained). The reading notebook lists `chapter/notebook` under `needs:`."""
-    return notebook_runs(params.resolve(chapter, notebook, profile, overrides))
+    return notebook_runs(chapter_params(chapter, notebook, profile, **overrides))

@@ -426,6 +426,46 @@ def evaluate_claim(chapter: str, claim: dict, label: str) -> dict:
                                                             for n, s, d in statuses]}
 
 
+class NotRecorded(LookupError):
+    """Another notebook's values cannot be read: not executed, failed, damaged or stale (the message says which)."""
+
+
+def recorded_values(chapter: str, notebook: str, label: str) -> dict:
+    """{key: value} that `chapter/notebook` recorded under `label`, as the scorecard would grade them: only
+    from a finished execution whose results match its executed notebook and whose inputs (notebook, parameters,
+    library code) are still the current ones; otherwise NotRecorded says why. A value recorded as not
+    measured is NaN (its reason in `recorded_whys`)."""
+    return {k: v["value"] for k, v in _fresh_entries(chapter, notebook, label).items()}
+
+
+def recorded_whys(chapter: str, notebook: str, label: str) -> dict:
+    """{key: why} of the values `chapter/notebook` recorded as not measured under `label` (see recorded_values)."""
+    return {k: v["why"] for k, v in _fresh_entries(chapter, notebook, label).items() if v.get("why")}
+
+
+def _fresh_entries(chapter: str, notebook: str, label: str) -> dict:
+    where = f"{chapter}/{notebook}"
+    try:
+        results = context.read_results(chapter, notebook, label)
+    except context.DamagedResultsError as e:
+        raise NotRecorded(str(e)) from None
+    if results is None:
+        raise NotRecorded(f"{where} has not been executed at {label}")
+    if results.get("status") != "ok":
+        raise NotRecorded(f"{where} did not finish at {label} (status {results.get('status')!r})")
+    problem = context.provenance_problem(chapter, notebook, label, results)
+    if problem:
+        raise NotRecorded(f"{where}: {problem}")
+    try:
+        current = book.notebook_inputs(chapter, notebook, context.label_profile(label), results.get("overrides") or {})
+    except ParameterError as e:
+        raise NotRecorded(f"{where}: its parameters are no longer valid ({e})") from None
+    changed = book.what_changed(results.get("inputs"), current)
+    if changed:
+        raise NotRecorded(f"{where} is stale at {label}: " + ", ".join(changed))
+    return results.get("values", {})
+
+
 def _as_list(run) -> list:
     return run if isinstance(run, list) else [run]
 

@@ -4,6 +4,7 @@
     cca_summary, CCA_LEADING  a CCA result as the top correlation, the leading ones and the mean
     random_projection_cca     the CCA of two models' activations projected on random subspaces
     random_directions_block   a bilinear form read along random unit directions (a block of named directions' baseline)
+    compare_cores             two models' cores: overlap and CCA, each beside its random baseline
 """
 from __future__ import annotations
 
@@ -55,3 +56,15 @@ def random_directions_block(M: torch.Tensor, n: int, seed: int = 0) -> torch.Ten
     R = torch.randn(n, M.shape[0], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     R = R / R.norm(dim=1, keepdim=True)
     return R @ M.double() @ R.T
+
+
+def compare_cores(core_a, acts_a: torch.Tensor, core_b, acts_b: torch.Tensor, seed: int = 0) -> dict[str, float]:
+    """Two models' cores (AceCore of each, activations [N, D] of each on the same N inputs): the projector
+    overlap of the two subspaces beside that of random subspaces of the same ranks (`random_subspace_overlap`),
+    and the CCA of the two sets of core coordinates (`cca_summary`) beside the CCA of the activations projected
+    on random subspaces of the same ranks (`random_projection_cca`, keys prefixed `random_`)."""
+    ra, rb = core_a.rank, core_b.rank
+    res = cca_summary(cca(core_a.coordinates(acts_a), core_b.coordinates(acts_b)))
+    rand = random_projection_cca(acts_a, acts_b, ra, rb, seed=seed)
+    return {"overlap": projector_overlap(core_a, core_b), "random_overlap": random_subspace_overlap(core_a.dim, ra, rb, seed=seed),
+            **res, **{f"random_{k}": v for k, v in rand.items()}}

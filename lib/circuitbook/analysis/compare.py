@@ -5,6 +5,7 @@
   (invariant to invertible linear maps and shifts of either set)
 - `weight_cosine`: cosine similarity of two models' parameters, per name and overall
 - `matrix_cosine`: tr(A^T B) / (||A||_F ||B||_F)
+- `contained_share`: the share of one subspace that lies inside another (1 inside, 0 orthogonal)
 """
 from __future__ import annotations
 
@@ -36,6 +37,16 @@ def projector_overlap(basis_i, basis_j) -> float:
         raise ValueError(f"basis_i and basis_j must live in the same space; got D={Qi.shape[0]} and D={Qj.shape[0]}")
     ri, rj = Qi.shape[1], Qj.shape[1]
     return float((Qi.T @ Qj).pow(2).sum() / (ri * rj) ** 0.5)
+
+
+def contained_share(basis, container) -> float:
+    """||F^T Q||_F^2 / r: the mean over the r directions of `basis` (Q) of the squared norm of their projection
+    on the span of `container` (F). 1 when the subspace lies inside the container, 0 when orthogonal to it;
+    a random r-dimensional subspace of R^D has dim(F) / D in expectation. Bases are re-orthonormalised."""
+    Q, F = _orthonormal_basis(basis, "basis"), _orthonormal_basis(container, "container")
+    if Q.shape[0] != F.shape[0]:
+        raise ValueError(f"basis and container must live in the same space; got D={Q.shape[0]} and D={F.shape[0]}")
+    return float((F.T @ Q).pow(2).sum() / Q.shape[1])
 
 
 @dataclass(frozen=True)

@@ -176,3 +176,13 @@ def pick_steps(steps: Sequence[int], n: int) -> list[int]:
     if len(steps) <= n:
         return steps
     return sorted({steps[int(round(i))] for i in np.linspace(0, len(steps) - 1, n)})
+
+
+def settled_from(steps, holds) -> float:
+    """The first step from which `holds` (a boolean per step) stays true to the last step: when a quantity
+    settled for good. NaN if it does not hold at the last step."""
+    x, y = _curve(steps, np.asarray(holds, dtype=float))
+    if len(x) == 0 or y[-1] < 0.5:
+        return float("nan")
+    failing = np.nonzero(y < 0.5)[0]
+    return float(x[failing[-1] + 1]) if len(failing) else float(x[0])

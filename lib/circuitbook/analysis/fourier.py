@@ -261,3 +261,38 @@ def summarise_grid(acts, power_fraction: float = 0.8, n_random: int = 8, seed: i
                           median_single_r2=_median(single.best_r2),
                           median_multi_r2=_median(multi.r2) if multi is not None else float("nan"),
                           random_frequencies_r2=float(sum(random_r2) / len(random_r2)))
+
+
+def answer_fourier_subspace(acts, frequencies: Sequence[int]) -> torch.Tensor:
+    """Orthonormal basis [D, 2 K] of the directions along which a grid of activations [N, N, D] varies as
+    cos and sin of 2 pi k (n + m) / N, for each of the K `frequencies`: the features of the answer
+    c = (n + m) mod N at those frequencies (the directions a Fourier-feature readout reads).
+
+    Each direction is the least-squares coefficient vector of one basis function over the whole grid
+    (on the full grid the functions are orthogonal, so each coefficient is the grid's projection on it);
+    a frequency whose coefficients vanish adds no direction, and the basis spans what is left (QR of the
+    coefficient vectors; a coefficient vector below 1e-9 of the grid's largest entry is dropped).
+    """
+    grid = _check_grid(acts)
+    N = grid.shape[0]
+    keys = _check_frequencies(frequencies, N)
+    if not keys:
+        raise ValueError("frequencies must name at least one frequency in 1..N//2")
+    n, m = torch.meshgrid(torch.arange(N), torch.arange(N), indexing="ij")
+    c = ((n + m) % N).flatten().double()
+    H = grid.reshape(N * N, -1)
+    H = H - H.mean(0)
+    cols = []
+    for k in keys:
+        for f in (torch.cos, torch.sin):
+            phi = f(2 * math.pi * k * c / N)
+            if float(phi.norm()) < 1e-9:  # sin at k = N/2 vanishes on the grid
+                continue
+            cols.append(H.T @ phi / phi.dot(phi))
+    C = torch.stack(cols, 1)
+    scale = max(float(H.abs().max()), 1e-300)  # a coefficient at rounding level of the grid is no direction
+    C = C[:, C.norm(dim=0) > 1e-9 * scale]
+    if C.shape[1] == 0:
+        raise ValueError("the grid carries none of the given frequencies of the answer (all coefficients vanish)")
+    U, S, _ = torch.linalg.svd(C, full_matrices=False)
+    return U[:, S > 1e-9 * S[0]]
