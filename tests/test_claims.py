@@ -1,4 +1,5 @@
 """The claims ledger: rules, statuses, stale results, per-seed values, and every claim of PAPERS.md."""
+import math
 import re
 
 import nbformat
@@ -33,13 +34,21 @@ def test_every_claim_id_of_papers_md_has_exactly_one_row():
                {f"AC-{i}" for i in range(1, 10)} | {f"IM-{i}" for i in range(1, 7)}
     if papers.exists():
         assert set(re.findall(r"^- ((?:AA|LT|AC|IM)-\d+)", papers.read_text(), re.M)) == expected
-    ids = [c["id"] for ch in claims.claim_chapters() for c in claims.load_claims(ch)["claims"]]
+    ids = [c["id"] for ch in claims.claim_chapters() if ch != "lenses" for c in claims.load_claims(ch)["claims"]]
     assert sorted(ids) == sorted(expected) and len(ids) == len(set(ids))
+
+
+def test_the_books_own_questions_have_their_own_ids():
+    """The lenses chapter asks the book's questions (no paper): ids LN-1, LN-2, ... numbered in order, every
+    statement a hypothesis, no paper value claimed."""
+    rows = claims.load_claims("lenses")["claims"]
+    assert [c["id"] for c in rows] == [f"LN-{i}" for i in range(1, len(rows) + 1)]
+    assert all(c["statement"].startswith("Hypothesis:") and c["paper"].startswith("no paper value") for c in rows)
 
 
 def test_scorecard_rows_have_the_promised_fields(runs_dir):
     rows = claims.scorecard("smoke")
-    assert len(rows) == 33
+    assert len(rows) == 33 + len(claims.load_claims("lenses")["claims"])
     for r in rows:
         assert {"id", "status", "paper", "measured", "profile", "rule", "deviations", "baselines", "runs"} <= set(r)
         assert claims.status_kind(r["status"]) in claims.STATUSES
@@ -71,6 +80,26 @@ def test_status_from_recorded_values(mini_book, runs_dir):
     assert claims.scorecard("smoke")[0]["status"] == "not run: no weights here"
     assert rows["D-2"]["status"] == "not run: demo/02_use not executed at smoke"
     assert {r["id"]: r for r in claims.scorecard("cpu")}["D-1"]["status"].startswith("not run: not expected at profile cpu")
+
+
+def test_another_notebook_reads_recorded_values_only_while_they_are_current(mini_book, runs_dir):
+    """recorded_values: what the scorecard would grade, or NotRecorded naming why (not executed, still running,
+    stale); a value recorded as not measured is NaN with its reason in recorded_whys."""
+    with pytest.raises(claims.NotRecorded, match="has not been executed at smoke"):
+        claims.recorded_values("demo", "01_make", "smoke")
+    cb.load_params("demo", "01_make", "smoke")
+    claims.record("demo_value", 5.0)
+    claims.record("demo_missing", float("nan"), why="no jump")
+    with pytest.raises(claims.NotRecorded, match="did not finish"):
+        claims.recorded_values("demo", "01_make", "smoke")
+    _finish()
+    values = claims.recorded_values("demo", "01_make", "smoke")
+    assert values["demo_value"] == 5.0 and math.isnan(values["demo_missing"])
+    assert claims.recorded_whys("demo", "01_make", "smoke") == {"demo_missing": "no jump"}
+    nb = mini_book / "chapters" / "demo" / "01_make.ipynb"
+    nb.write_text(nb.read_text().replace("demo_value", "demo_value "))
+    with pytest.raises(claims.NotRecorded, match="stale at smoke: the notebook changed"):
+        claims.recorded_values("demo", "01_make", "smoke")
 
 
 def test_a_result_still_running_or_failed_is_never_graded(mini_book, runs_dir):
