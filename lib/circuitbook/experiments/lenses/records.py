@@ -50,7 +50,7 @@ def seed_value(values: Sequence[float], member: int) -> float:
 
 # --------------------------------------------------------------------------- the table of models by lenses (05)
 MODELS = ("Assign and Add", "Markov chain", "grokking", "restricted IMIR", "one-hot leading-terms", "language models")
-LENSES = ("ACE core", "Fourier key frequencies", "IMIR coordinates", "leading terms")
+LENSES = ("ACE core", "Fourier key frequencies", "IMIR", "leading terms")
 
 
 @dataclass(frozen=True)
@@ -74,25 +74,29 @@ def _na(model: str, lens: str, why: str) -> Cell:
 LENS_CELLS = (
     Cell("Assign and Add", "ACE core", "lenses", "01_ace_assign_add", "ln1_core_dim_final"),
     Cell("Assign and Add", "Fourier key frequencies", "assign_add", "04_mechanisms", "aa9_n_key_frequencies"),
+    Cell("Assign and Add", "IMIR", "lenses", "03_progress_measures", "ln7_spearman"),
+    Cell("Assign and Add", "leading terms", "lenses", "04_leading_terms", "ln9_aa_unembed_cos"),
     Cell("Markov chain", "ACE core", "algorithmic_cores", "02_markov", "ac2_core_dim"),
     _na("Markov chain", "Fourier key frequencies", "one input token per step: there is no grid of two operands to fit"),
-    _na("Markov chain", "IMIR coordinates", "no in-context structure (a chain of 4 states): the manifold's token "
+    _na("Markov chain", "IMIR", "no in-context structure (a chain of 4 states): the manifold's token "
                                             "and position symmetries are not those of this task"),
     Cell("grokking", "ACE core", "algorithmic_cores", "03_grokking", "gk_core_dim_at_grok"),
     Cell("grokking", "Fourier key frequencies", "lenses", "02_fourier_ace", "ln4_gk_n_key_frequencies"),
-    _na("grokking", "IMIR coordinates", "modular addition of two tokens has no in-context retrieval for the "
+    _na("grokking", "IMIR", "modular addition of two tokens has no in-context retrieval for the "
                                         "manifold's circuits"),
-    Cell("restricted IMIR", "IMIR coordinates", "inductive_manifold", "03_two_layer", "im2_captured_fraction"),
+    Cell("grokking", "leading terms", "lenses", "04_leading_terms", "ln9_gk_unembed_cos"),
+    Cell("restricted IMIR", "IMIR", "inductive_manifold", "03_two_layer", "im2_captured_fraction"),
     _na("restricted IMIR", "Fourier key frequencies", "block-list tasks have no modular structure"),
     _na("restricted IMIR", "leading terms", "its embeddings are fixed and orthonormal and its value-output maps "
                                             "fixed: the weights the leading terms predict are not trained"),
     Cell("one-hot leading-terms", "leading terms", "leading_terms", "02_training", "lt1_min_cos_output"),
     _na("one-hot leading-terms", "Fourier key frequencies", "natural text has no modular structure"),
-    _na("one-hot leading-terms", "IMIR coordinates", "one-hot inputs of 3,000 words and no block structure: the "
+    _na("one-hot leading-terms", "IMIR", "one-hot inputs of 3,000 words and no block structure: the "
                                                     "manifold's selection matrices are not defined for this corpus"),
     Cell("language models", "ACE core", "algorithmic_cores", "05_agreement", "ac9_flip_rate"),
+    Cell("language models", "leading terms", "leading_terms", "05_early_lm", "lt6_embedding_cos"),
     _na("language models", "Fourier key frequencies", "no modular task"),
-    _na("language models", "IMIR coordinates", "pretrained weights of an unknown training distribution: the "
+    _na("language models", "IMIR", "pretrained weights of an unknown training distribution: the "
                                                "manifold is defined by a task's symmetries"),
 )
 
