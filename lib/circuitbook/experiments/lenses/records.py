@@ -78,12 +78,12 @@ LENS_CELLS = (
     Cell("Assign and Add", "leading terms", "lenses", "04_leading_terms", "ln9_aa_unembed_cos"),
     Cell("Markov chain", "ACE core", "algorithmic_cores", "02_markov", "ac2_core_dim"),
     _na("Markov chain", "Fourier key frequencies", "one input token per step: there is no grid of two operands to fit"),
-    _na("Markov chain", "IMIR", "no in-context structure (a chain of 4 states): the manifold's token "
-                                            "and position symmetries are not those of this task"),
+    _na("Markov chain", "IMIR", "no in-context structure (a chain of 4 states): the manifold's token and "
+                                "position symmetries are not those of this task"),
     Cell("grokking", "ACE core", "algorithmic_cores", "03_grokking", "gk_core_dim_at_grok"),
     Cell("grokking", "Fourier key frequencies", "lenses", "02_fourier_ace", "ln4_gk_n_key_frequencies"),
-    _na("grokking", "IMIR", "modular addition of two tokens has no in-context retrieval for the "
-                                        "manifold's circuits"),
+    _na("grokking", "IMIR", "modular addition of two tokens has no in-context retrieval for the manifold's "
+                            "circuits"),
     Cell("grokking", "leading terms", "lenses", "04_leading_terms", "ln9_gk_unembed_cos"),
     Cell("restricted IMIR", "IMIR", "inductive_manifold", "03_two_layer", "im2_captured_fraction"),
     _na("restricted IMIR", "Fourier key frequencies", "block-list tasks have no modular structure"),
@@ -91,13 +91,13 @@ LENS_CELLS = (
                                             "fixed: the weights the leading terms predict are not trained"),
     Cell("one-hot leading-terms", "leading terms", "leading_terms", "02_training", "lt1_min_cos_output"),
     _na("one-hot leading-terms", "Fourier key frequencies", "natural text has no modular structure"),
-    _na("one-hot leading-terms", "IMIR", "one-hot inputs of 3,000 words and no block structure: the "
-                                                    "manifold's selection matrices are not defined for this corpus"),
+    _na("one-hot leading-terms", "IMIR", "one-hot inputs of 3,000 words and no block structure: the manifold's "
+                                         "selection matrices are not defined for this corpus"),
     Cell("language models", "ACE core", "algorithmic_cores", "05_agreement", "ac9_flip_rate"),
     Cell("language models", "leading terms", "leading_terms", "05_early_lm", "lt6_embedding_cos"),
     _na("language models", "Fourier key frequencies", "no modular task"),
-    _na("language models", "IMIR", "pretrained weights of an unknown training distribution: the "
-                                               "manifold is defined by a task's symmetries"),
+    _na("language models", "IMIR", "pretrained weights of an unknown training distribution: the manifold is "
+                                   "defined by a task's symmetries"),
 )
 
 
