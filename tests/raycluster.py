@@ -56,17 +56,44 @@ class LocalCluster:
         self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_health_check_period_ms": "1000",
                     "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "1000"}
 
-    def start(self) -> "LocalCluster":
-        try:
-            subprocess.run([RAY, "start", "--head", f"--port={self.port}", "--include-dashboard=false",
-                            f"--temp-dir={self.temp}", *NODE], env=self.env, check=True, timeout=300,
-                           capture_output=True)
-            subprocess.run([RAY, "start", f"--address={self.address}", *NODE, '--resources={"cb_worker_node": 1}'],
-                           env=self.env, check=True, timeout=300, capture_output=True)
-        except BaseException:
-            self.stop()
-            raise
+    def start(self, attempts: int = 3) -> "LocalCluster":
+        """Head, then the worker node. A start that fails (CI once saw the worker's `ray start --address`
+        exit 1 on a loaded machine, with nothing shown) is stopped by pid and tried again on a fresh port
+        and session folder; the last failure is raised with Ray's own output and log tails, so it can be
+        diagnosed."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once()
+                return self
+            except subprocess.SubprocessError as e:
+                report = self._failure_report(e)
+                self.stop()
+                if attempt == attempts:
+                    raise RuntimeError(f"local Ray cluster did not start in {attempts} attempts; last:\n{report}") from e
+                print(f"local Ray cluster start failed (attempt {attempt}), retrying:\n{report}", file=sys.stderr)
+                self.__init__()
+            except BaseException:
+                self.stop()
+                raise
         return self
+
+    def _start_once(self) -> None:
+        subprocess.run([RAY, "start", "--head", f"--port={self.port}", "--include-dashboard=false",
+                        f"--temp-dir={self.temp}", *NODE], env=self.env, check=True, timeout=300,
+                       capture_output=True)
+        subprocess.run([RAY, "start", f"--address={self.address}", *NODE, '--resources={"cb_worker_node": 1}'],
+                       env=self.env, check=True, timeout=300, capture_output=True)
+
+    def _failure_report(self, e: subprocess.SubprocessError, tail: int = 1500) -> str:
+        def text(b):
+            return (b.decode(errors="replace") if isinstance(b, bytes) else b or "")[-tail:]
+        lines = [f"command: {' '.join(map(str, getattr(e, 'cmd', '') or []))}",
+                 f"stdout: {text(getattr(e, 'stdout', None))}", f"stderr: {text(getattr(e, 'stderr', None))}"]
+        for log in sorted(Path(self.temp).glob("session_*/logs/*")):
+            if log.is_file() and log.suffix in (".out", ".err", ".log") and log.stat().st_size:
+                if any(k in log.name for k in ("raylet", "gcs_server", "monitor")):
+                    lines.append(f"{log.name}: {log.read_text(errors='replace')[-tail:]}")
+        return "\n".join(lines)
 
     def _mine(self) -> set[int]:
         procs = _processes()
