@@ -50,15 +50,13 @@ def _with_descendants(roots: set[int], procs: dict) -> set[int]:
 
 class LocalCluster:
     def __init__(self):
-        self.temp = tempfile.mkdtemp(prefix="cbray", dir="/tmp")  # short: Ray's socket paths must fit
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self._new_session()
         self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_health_check_period_ms": "1000",
                     "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "1000"}
 
     def start(self, attempts: int = 3) -> "LocalCluster":
         """Head, then the worker node. A start that fails (CI once saw the worker's `ray start --address`
-        exit 1 on a loaded machine, with nothing shown) is stopped by pid and tried again on a fresh port
+        exit 1, its output not shown) is stopped by pid and tried again on a fresh port
         and session folder; the last failure is raised with Ray's own output and log tails, so it can be
         diagnosed."""
         for attempt in range(1, attempts + 1):
@@ -71,11 +69,15 @@ class LocalCluster:
                 if attempt == attempts:
                     raise RuntimeError(f"local Ray cluster did not start in {attempts} attempts; last:\n{report}") from e
                 print(f"local Ray cluster start failed (attempt {attempt}), retrying:\n{report}", file=sys.stderr)
-                self.__init__()
+                self._new_session()
             except BaseException:
                 self.stop()
                 raise
-        return self
+
+    def _new_session(self) -> None:
+        self.temp = tempfile.mkdtemp(prefix="cbray", dir="/tmp")  # short: Ray's socket paths must fit
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
 
     def _start_once(self) -> None:
         subprocess.run([RAY, "start", "--head", f"--port={self.port}", "--include-dashboard=false",
