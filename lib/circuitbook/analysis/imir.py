@@ -710,9 +710,8 @@ def largest_other_coordinates(basis: IMIRBasis, params: Mapping[str, torch.Tenso
 def coordinates_of(run, member: int, layout: Layout) -> torch.Tensor:
     """Flat IMIR coordinates of a trained member of `run` (its theta for an IMIRModel, the projection on S
     for a full model)."""
-    from ..models.imir import IMIRModel  # models.imir builds on this module
-
     model = run.model(member)
-    if isinstance(model, IMIRModel):
+    # An IMIRModel (models/imir.py, built on this module, so not imported here) is its coordinates.
+    if callable(getattr(model, "theta", None)):
         return model.theta().detach().double()
     return IMIRBasis.from_model(model, layout).coordinates(dict(model.named_parameters()))
