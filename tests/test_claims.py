@@ -132,6 +132,24 @@ def test_a_result_of_other_code_is_stale_and_says_what_changed(mini_book, runs_d
     assert claims.scorecard("smoke")[0]["status"] == "reproduced", "paper values and deviations change no result"
 
 
+def test_a_result_of_another_environment_is_stale(mini_book, runs_dir):
+    """requirements.lock is in every notebook's inputs: a result recorded under one lock file is stale under
+    another (a torch upgrade is not graded as fresh), and current again when the lock file is put back."""
+    lock = mini_book / "requirements.lock"
+    lock.write_text("torch==2.13.0\n")
+    cb.load_params("demo", "01_make", "smoke")
+    claims.record("demo_value", 5.0)
+    _finish()
+    assert claims.scorecard("smoke")[0]["status"] == "reproduced"
+    lock.write_text("torch==2.14.0\n")
+    status = claims.scorecard("smoke")[0]["status"]
+    assert status == "stale: the environment changed since this result was recorded", status
+    lock.unlink()
+    assert claims.scorecard("smoke")[0]["status"].startswith("stale: the environment changed")
+    lock.write_text("torch==2.13.0\n")
+    assert claims.scorecard("smoke")[0]["status"] == "reproduced"
+
+
 def test_stale_when_the_library_or_an_upstream_notebook_changes(mini_book, runs_dir, monkeypatch):
     from circuitbook import book
 
