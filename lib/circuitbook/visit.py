@@ -236,6 +236,7 @@ def _run_groups(profile: str, until: float, chapters: list[str] | None, summary_
                 break
             record = {"notebook": label, "estimate_s": round(estimate, 1)}
             entry["notebooks"].append(record)
+            build.refresh_inputs(nb, profile)  # a notebook it needs may have been executed above
             if build.cached_execution(profile, nb):
                 record.update(status="cached", seconds=0.0)
                 continue
