@@ -417,7 +417,7 @@ def test_an_archive_naming_a_huge_folder_imports_stale_without_reading_it(clone_
     monkeypatch.setattr(params, "_file_digest", lambda p: pytest.fail(f"{p} was read"))
     done = transfer.import_results([archive])
     assert set(done.stale) == {"demo/01_make", "demo/02_use"} and not done.current, done
-    assert done.stale["demo/02_use"] == ["upstream 01_make was executed again since this result was recorded"]
+    assert done.stale["demo/02_use"] == ["upstream 01_make was executed again"]
     (why,) = done.stale["demo/01_make"]
     assert "/usr" in why and "not read" in why, why
     status = _rows()["D-1"]["status"]

@@ -436,17 +436,25 @@ def environment_hash() -> str:
     return _sha(canonical_json([[d.name, d.python, d.versions] for d in declared_environments()]).encode())
 
 
+UNDECLARED = "recorded in an undeclared environment"
+
+
 def stale_reasons(record: dict, current: dict) -> list[str]:
-    """Why a recorded result is not current, in words ([] if it is): its inputs against the current ones
-    (`what_changed`), and the environment it was recorded in."""
+    """Why a recorded result is not current, in words ([] if it is): the environment it was recorded in, if
+    the book does not declare it, then what changed in its inputs (`what_changed`)."""
     environment = (record.get("provenance") or {}).get("environment") if isinstance(record, dict) else None
     out = []
     if isinstance(environment, str) and environment.startswith("undeclared"):
-        out.append("recorded in an undeclared environment" + environment[len("undeclared"):])
-    changed = what_changed(record.get("inputs") if isinstance(record, dict) else None, current)
-    if changed:
-        out.append(", ".join(changed) + " since this result was recorded")
-    return out
+        out.append(UNDECLARED + environment[len("undeclared"):])
+    return out + what_changed(record.get("inputs") if isinstance(record, dict) else None, current)
+
+
+def describe_stale(reasons: list[str]) -> str:
+    """`stale_reasons` as one phrase: `recorded in an undeclared environment (...); the notebook changed,
+    upstream x changed since this result was recorded`."""
+    environment = [r for r in reasons if r.startswith(UNDECLARED)]
+    changed = [r for r in reasons if not r.startswith(UNDECLARED)]
+    return "; ".join(environment + ([", ".join(changed) + " since this result was recorded"] if changed else []))
 
 
 def what_changed(recorded: dict | None, current: dict) -> list[str]:

@@ -136,7 +136,7 @@ def _cache_problem(label: str, nb: Notebook, nb_path: Path, meta_path: Path) -> 
                 f"{results.get('status')!r} (an interrupted or failed execution)")
     if results.get("input_hash") != nb.input_hash:
         return f"its results file {context.results_path(nb.chapter, nb.name, label)} belongs to other inputs"
-    stale = [r for r in book.stale_reasons(results, nb.inputs) if r.startswith("recorded in an undeclared")]
+    stale = [r for r in book.stale_reasons(results, nb.inputs) if r.startswith(book.UNDECLARED)]
     return f"its results were {stale[0]}" if stale else None
 
 
@@ -246,9 +246,7 @@ def _unverified(label: str, nb: Notebook, results: dict | None) -> list[str]:
     problem = context.check_record(nb.chapter, nb.name, label, results)
     if problem:
         return [problem]
-    changed = book.what_changed(results.get("inputs"), nb.inputs)
-    environment = [r for r in book.stale_reasons(results, nb.inputs) if r.startswith("recorded in an undeclared")]
-    return environment + changed or ["its cache record does not verify"]
+    return book.stale_reasons(results, nb.inputs) or ["its cache record does not verify"]
 
 
 # ---------------------------------------------------------------- staging and rendering

@@ -415,7 +415,7 @@ def evaluate_claim(chapter: str, claim: dict, label: str) -> dict:
     row["baselines"] = "; ".join(f"{b} = {_fmt(values[b])} (baseline for {k})" if b in values
                                  else f"{b} not recorded (baseline for {k})" for k, b in baselines.items())
     if changed:
-        return {**row, "status": "stale: " + "; ".join(changed)}
+        return {**row, "status": "stale: " + book.describe_stale(changed)}
     reasons = [values[k] for k in keys if isinstance(values.get(k), str) and values[k].startswith("not run")]
     if reasons:
         return {**row, "status": reasons[0]}
@@ -464,7 +464,7 @@ def _fresh_entries(chapter: str, notebook: str, label: str) -> dict:
         raise NotRecorded(f"{where}: its parameters are no longer valid ({e})") from None
     changed = book.stale_reasons(results, current)
     if changed:
-        raise NotRecorded(f"{where} is stale at {label}: " + "; ".join(changed))
+        raise NotRecorded(f"{where} is stale at {label}: " + book.describe_stale(changed))
     return results.get("values", {})
 
 

@@ -1,4 +1,4 @@
-"""The `circuitbook` command: build, run, release, params, scorecard."""
+"""The `circuitbook` command: build, run, release, params, scorecard, export-results, import-results, visit-key."""
 from __future__ import annotations
 
 import argparse
@@ -285,6 +285,9 @@ def cmd_export_results(a) -> int:
 
     build_mod.check_store(write=False)
     summary = transfer.export_results(a.label, a.out)
+    if not summary["notebooks"] and summary["left_out"]:
+        raise params.ParameterError(f"--label {a.label}: no result this store stands behind; left out: "
+                                    + "; ".join(summary["left_out"]))
     if not summary["notebooks"]:
         raise params.ParameterError(f"--label {a.label}: no results under {runs_root() / 'results' / a.label}")
     for archive in summary["archives"]:

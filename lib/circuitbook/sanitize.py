@@ -43,7 +43,8 @@ VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "met
 HTML_ATTRIBUTES = {"class", "title", "align", "valign", "colspan", "rowspan", "border", "width", "height",
                    "scope", "headers", "span", "start", "type", "open", "style", "href", "src", "alt", "dir",
                    "lang"}
-_UNSAFE_CSS = re.compile(r"url\s*\(|@import|expression\s*\(|javascript:|behaviou?r\s*:|-moz-binding|<", re.I)
+_UNSAFE_CSS = re.compile(r"url\s*\(\s*(?!['\"]?#)|@import|expression\s*\(|javascript:|behaviou?r\s*:|-moz-binding|<",
+                         re.I)  # url(#id) names something in the same image; any other URL would load from elsewhere
 _DATA_IMAGE = re.compile(r"data:image/(png|jpe?g|gif);base64,[a-z0-9+/=\s]*", re.I)
 
 
@@ -161,7 +162,7 @@ def _clean_svg_element(el) -> bool:
         return False
     for name in list(el.attrib):
         value, local = el.attrib[name], _local(name).lower()
-        if local.startswith("on") or (local == "style" and _UNSAFE_CSS.search(value)) \
+        if local.startswith("on") or _UNSAFE_CSS.search(value) \
                 or (local in ("href", "src") and not (value.startswith("#") or _DATA_IMAGE.fullmatch(value.strip()))) \
                 or "javascript:" in _plain_url(value):
             del el.attrib[name]
@@ -267,6 +268,9 @@ def clean_notebook(executed: nbformat.NotebookNode, source: nbformat.NotebookNod
         cells.append(new)
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata = _copy(source.metadata) if source is not None else {}
+    language = (executed.get("metadata") or {}).get("language_info")
+    if isinstance(language, dict):  # the kernel's, for highlighting: plain strings only
+        nb.metadata["language_info"] = {k: v for k, v in language.items() if isinstance(v, str)}
     meta = (executed.get("metadata") or {}).get("circuitbook")
     if isinstance(meta, dict) and isinstance(meta.get("results_sha256"), str):
         nb.metadata["circuitbook"] = {"results_sha256": meta["results_sha256"]}
