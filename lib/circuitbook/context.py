@@ -133,13 +133,30 @@ def read_results(chapter: str, notebook: str, label: str) -> dict | None:
     if not path.exists():
         return None
     try:
-        data = read_json(path)
-    except DamagedRunError as e:
-        raise DamagedResultsError(f"results file {path} is damaged ({e}); re-execute {chapter}/{notebook}") from None
+        data = parse_record(path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise DamagedResultsError(f"results file {path} is damaged ({path} is unreadable: {e}); re-execute "
+                                  f"{chapter}/{notebook}") from None
     if not (isinstance(data, dict) and isinstance(data.get("values"), dict) and data.get("status") in STATUSES):
         raise DamagedResultsError(f"results file {path} is damaged (not a results record); "
                                   f"re-execute {chapter}/{notebook}")
     return data
+
+
+class _Overflow(float):
+    """A number literal too large for a float (`1e400`): record() never writes one (an infinity it records
+    is written `Infinity`), so it is no measured value."""
+
+
+def _float_literal(text: str) -> float:
+    value = float(text)
+    return value if math.isfinite(value) else _Overflow(value)
+
+
+def parse_record(data: bytes | str) -> dict:
+    """A results record from its JSON, as every reader parses it: `Infinity` and `NaN` are what record()
+    writes for infinite and unmeasured values; a literal like `1e400` stays marked as no number."""
+    return json.loads(data, parse_float=_float_literal)
 
 
 ENTRY_KEYS = {"value", "run", "why", "interval"}
@@ -221,8 +238,10 @@ def _shape_problem(chapter: str, notebook: str, label: str, data: dict, where) -
 
 
 def _number(x) -> bool:
-    """A number a results value may be: finite, or NaN for not measured (never a bool or an infinity)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and (math.isfinite(x) or math.isnan(x))
+    """A number a results value may be: a float or int as record() writes it (NaN for not measured, an
+    infinity written `Infinity`, as algorithmic_cores records "no dimension suffices"), never a bool or a
+    literal too large for a float."""
+    return isinstance(x, (int, float)) and not isinstance(x, (bool, _Overflow))
 
 
 def entry_problem(key: str, entry) -> str | None:
@@ -243,7 +262,7 @@ def entry_problem(key: str, entry) -> str | None:
     if interval is not None and not (isinstance(interval, list) and len(interval) == 2
                                      and all(_number(v) for v in interval)
                                      and (all(math.isnan(v) for v in interval)
-                                          or (all(math.isfinite(v) for v in interval) and interval[0] <= interval[1]))):
+                                          or (not any(math.isnan(v) for v in interval) and interval[0] <= interval[1]))):
         return f"an interval of {key} that is not two numbers [lo, hi] with lo <= hi"
     return None
 

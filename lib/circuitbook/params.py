@@ -497,7 +497,7 @@ def file_inputs(chapter: str, notebook: str, values: dict) -> dict[str, str]:
         value, label = values.get(name), name
         if value is None and spec.env and os.environ.get(spec.env):
             value, label = os.environ[spec.env], f"{name} (${spec.env})"
-        if isinstance(value, str) and value and (spec.type == "path" or Path(value).expanduser().exists()):
+        if isinstance(value, str) and value and _names_file(spec, value):
             out[label] = content_digest(Path(value))
     return out
 
@@ -509,9 +509,16 @@ def absolute_paths(chapter: str, notebook: str, overrides: dict) -> dict:
     out = dict(overrides)
     for name, value in overrides.items():
         if name in spec and spec[name].type in ("path", "str") and isinstance(value, str) and value \
-                and (spec[name].type == "path" or Path(value).expanduser().exists()):
+                and _names_file(spec[name], value):
             out[name] = str(Path(value).expanduser().resolve())
     return out
+
+
+def _names_file(spec, value: str) -> bool:
+    """Whether a parameter's value names a file to read: a `path` parameter always; a `str` one (e.g.
+    pair_split: 'authors', 'book' or a file of pairs) when the value is an existing file, never a folder
+    (a word such as 'book' is not the book's folder of the caller's current directory)."""
+    return spec.type == "path" or Path(value).expanduser().is_file()
 
 
 MAX_FOLDER_ENTRIES = 20_000  # a folder a parameter names is read only up to these limits

@@ -335,7 +335,7 @@ def _check_notebook(path: Path, entry: dict, files: dict[str, bytes], label: str
     if entry.get("results") != expected or expected not in files:
         raise TransferError(f"{where}: its results file is missing (expected {expected})")
     try:
-        results = json.loads(files[expected])
+        results = context.parse_record(files[expected])
     except ValueError as e:
         raise TransferError(f"{where}: {expected} is not JSON ({e})") from None
     if not isinstance(results, dict) or not isinstance(results.get("values"), dict) \
