@@ -13,26 +13,47 @@
 #
 # --dry-run does the same at the smoke profile on any machine (a CPU one too), installing nothing and
 # using the Python of .venv (or $PYTHON): that is how CI tests this script.
+#
+# The visit seals its results with $CIRCUITBOOK_SEAL_KEY (64 hex digits), which `circuitbook visit-key` prints
+# on the machine that will import them: without it a real visit is refused, since nothing it returned could be
+# imported. Every argument is checked before anything is installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
-budget=480 dry=0 out="${OUT:-}" chapters=()
+budget=480 dry=0 out="${OUT:-}" chapters=() slugs=()
+min_budget=40  # the visit keeps 20 s for packing and needs as much again to do anything (circuitbook.visit)
+fail() { echo "device-run.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --budget-s) budget="${2:?--budget-s needs a number of seconds}"; shift 2 ;;
     --dry-run) dry=1; shift ;;
     --out) out="${2:?--out needs a folder}"; shift 2 ;;
-    --chapter) chapters+=(--chapter "${2:?--chapter needs a slug}"); shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-    *) echo "device-run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    --chapter) slugs+=("${2:?--chapter needs a slug}"); chapters+=(--chapter "$2"); shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) fail "unknown argument $1 (see --help)" ;;
   esac
 done
-case "$budget" in ''|*[!0-9.]*) echo "device-run.sh: --budget-s $budget is not a number of seconds" >&2; exit 2 ;; esac
+case "$budget" in ''|*[!0-9.]*|*.*.*|.) fail "--budget-s $budget is not a number of seconds" ;; esac
+awk -v b="$budget" -v m="$min_budget" 'BEGIN { exit !(b + 0 < m) }' \
+  && fail "--budget-s $budget: a visit needs at least $min_budget s (packing keeps 20 s of it)"
+known=$(for f in chapters/*/profiles.yml; do [ -f "$f" ] && basename "$(dirname "$f")"; done; \
+        [ -f book/profiles.yml ] && echo book)
+for slug in ${slugs[@]+"${slugs[@]}"}; do
+  printf '%s\n' $known | grep -qx -- "$slug" || fail "--chapter $slug is not a chapter; chapters: $(echo $known | tr ' ' ',' | sed 's/,/, /g')"
+done
+if [ "$dry" = 0 ] && [ -z "${CIRCUITBOOK_SEAL_KEY:-}" ]; then
+  fail "CIRCUITBOOK_SEAL_KEY is not set: run 'circuitbook visit-key' where the results will be imported, and start the visit with the CIRCUITBOOK_SEAL_KEY=... it prints (results sealed by no key that store knows are refused)"
+fi
+if [ -n "${CIRCUITBOOK_SEAL_KEY:-}" ] && ! [[ "$CIRCUITBOOK_SEAL_KEY" =~ ^[0-9a-fA-F]{64}$ ]]; then
+  fail "CIRCUITBOOK_SEAL_KEY must be 64 hexadecimal digits, as 'circuitbook visit-key' prints it"
+fi
 if [ -z "$out" ]; then
   if [ "$dry" = 1 ]; then out=_build/device-dry-run; else
-    echo "device-run.sh: no output folder: set \$OUT or pass --out DIR" >&2; exit 2; fi
+    fail "no output folder: set \$OUT or pass --out DIR"; fi
 fi
-mkdir -p "$out"
+[ -e "$out" ] && [ ! -d "$out" ] && fail "--out $out is a file, not a folder"
+mkdir -p "$out" 2>/dev/null || fail "--out $out: cannot make that folder"
+[ -w "$out" ] || fail "--out $out: cannot write there"
 exec > >(tee "$out/device-run.log") 2>&1
 
 if [ "$dry" = 1 ]; then

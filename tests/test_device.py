@@ -135,6 +135,7 @@ def test_without_wheels_the_real_run_says_how_to_make_them(tmp_path):
     script = tmp_path / "scripts" / "device-run.sh"
     script.write_bytes((ROOT / "scripts" / "device-run.sh").read_bytes())  # a checkout without .whl/
     env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    env["CIRCUITBOOK_SEAL_KEY"] = "ab" * 32  # a real visit needs one (`circuitbook visit-key`)
     proc = subprocess.run(["bash", str(script), "--out", str(tmp_path / "out")], capture_output=True, text=True,
                           timeout=60, env=env)
     assert proc.returncode == 2 and "no wheels in .whl/ (run 'make device-pack'" in proc.stdout + proc.stderr
@@ -145,8 +146,12 @@ def test_without_wheels_the_real_run_says_how_to_make_them(tmp_path):
 @pytest.mark.slow
 def test_dry_run_visit_packs_what_comes_back_and_imports_elsewhere(tmp_path, monkeypatch):
     """What CI runs: the whole visit at smoke on a CPU, within a budget, then the import on a fresh store."""
+    from circuitbook import seal
+
     out = tmp_path / "out"
-    env = {**os.environ, "CIRCUITBOOK_RUNS": str(tmp_path / "device-runs")}
+    monkeypatch.setenv("CIRCUITBOOK_RUNS", str(tmp_path / "home-runs"))
+    key = seal.new_visit_key()  # `circuitbook visit-key` at home: the visit seals with it
+    env = {**os.environ, "CIRCUITBOOK_RUNS": str(tmp_path / "device-runs"), "CIRCUITBOOK_SEAL_KEY": key.hex()}
     env.pop("OUT", None)
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "device-run.sh"), "--dry-run", "--budget-s", "240",
                            "--out", str(out), "--chapter", "algorithmic_cores"],

@@ -10,6 +10,7 @@ import pytest
 from circuitbook import build, claims, context, transfer
 from circuitbook.cli import main
 from minibook import write
+import sealing
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +36,12 @@ def exported(clone_a):
 
 @pytest.fixture
 def clone_b(clone_a, tmp_path, monkeypatch):
-    """A second clone of A's sources (byte for byte, as git gives) at another path, with an empty run store."""
+    """A second clone of A's sources (byte for byte, as git gives) at another path, with an empty run store
+    that knows A's key (as a home store knows the key of the visit it started)."""
     b = shutil.copytree(clone_a[0], tmp_path / "b", ignore=shutil.ignore_patterns("_build"))
     monkeypatch.setenv("CIRCUITBOOK_ROOT", str(b))
     monkeypatch.setenv("CIRCUITBOOK_RUNS", str(tmp_path / "runs_b"))
+    sealing.trust(tmp_path / "runs_b", sealing.store_key_of(clone_a[1]))
     return b
 
 
@@ -219,6 +222,7 @@ def test_benchmarks_and_logs_travel_and_a_gpus_results_land_in_benchmarks(clone_
     with pytest.raises(transfer.TransferError, match="must go under benchmarks/ or logs/"):
         transfer.export_results("smoke", tmp_path / "bad", extra={"runs/x": tmp_path / "visit.txt"})
     monkeypatch.setenv("CIRCUITBOOK_RUNS", str(tmp_path / "runs_b"))
+    sealing.trust(tmp_path / "runs_b", sealing.store_key_of(clone_a[1]))
     done = transfer.import_results(archives, benchmarks_dir=tmp_path / "bench")
     assert done.files == [tmp_path / "bench" / "gpu_cuda.json"] and done.metrics == 0
     assert (tmp_path / "runs_b" / "imported" / "smoke" / "logs" / "visit.txt").read_text() == "log"

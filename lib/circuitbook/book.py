@@ -3,20 +3,27 @@
 `_toc.yml` gives the notebooks in reading order; `profiles.yml` says which
 notebooks each one reads runs from (`needs`). A notebook's *inputs* at a
 profile are the hashes of its file, its resolved parameters, the library's
-source and the inputs of the notebooks it needs.
+source, the environment the book declares, and, for each notebook it needs,
+that notebook's inputs and the identity of its recorded results (so a notebook
+that read another's values is executed again when that one is).
 The build caches an execution under the hash of these inputs, the results a
 notebook records carry them, and the scorecard grades a result only while
-they still match the current sources (otherwise the row is `stale`).
+they still match the current sources and it was recorded in a declared
+environment (otherwise the row is `stale`, `stale_reasons`).
 """
 from __future__ import annotations
 
 import hashlib
+import json
+import platform
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 from . import params
-from .runs import canonical_json, repo_root
+from .runs import canonical_json, repo_root, runs_root
+from .settings import check_label
 
 
 class BookError(RuntimeError):
@@ -244,7 +251,10 @@ def notebook_inputs(chapter: str, notebook: str, profile: str, overrides: dict |
     for label in params.needs(chapter, notebook):
         other, name = label.split("/", 1)
         key = name if other == chapter else label  # another chapter's notebook by its full label
-        upstream[key] = inputs_hash(notebook_inputs(other, name, profile, None, _seen + (f"{chapter}/{notebook}",)))
+        # its inputs, and which of its executions is on record (what `claims.recorded_values` would read)
+        upstream[key] = {"inputs": inputs_hash(notebook_inputs(other, name, profile, None,
+                                                               _seen + (f"{chapter}/{notebook}",))),
+                         "results": results_identity(other, name, profile)}
     # profiles.yml enters through the values it resolves to: editing another notebook's section, the
     # resources, the estimates or the paper's values and deviations changes no result
     inputs = {"notebook": _sha(notebook_path(chapter, notebook).read_bytes()),
@@ -263,14 +273,188 @@ def inputs_hash(inputs: dict) -> str:
 
 _WHAT = {"notebook": "the notebook changed", "params": "its parameters changed", "profile": "another profile",
          "environment": "the environment changed"}
+
+
+# ---------------------------------------------------------------- recorded results
+
+def results_file(chapter: str, notebook: str, label: str) -> Path:
+    """Where a notebook's results under `label` are kept (`context.results_path`)."""
+    return runs_root() / "results" / check_label(label) / chapter / f"{notebook}.json"
+
+
+SEALED_LATER = ("seal", "provenance")  # added when the record is sealed, after its notebook was written
+
+
+def results_digest(data: dict) -> str:
+    """SHA-256 of a results record as its execution wrote it (canonical JSON, without the seal and the
+    provenance added when it is stored): its executed notebook carries it, and it stays the same when an
+    imported record is sealed again by this store."""
+    body = {k: v for k, v in data.items() if k not in SEALED_LATER}
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+def results_identity(chapter: str, notebook: str, label: str) -> str:
+    """Which execution of a notebook is on record under `label`: `not executed`, `damaged`, or its status
+    and the digest of its record. It enters the inputs of the notebooks that need this one, so they are
+    executed again when it is (they may have read its values); re-sealing on import leaves it unchanged."""
+    path = results_file(chapter, notebook, label)
+    if not path.exists():
+        return "not executed"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return "damaged"
+    if not isinstance(data, dict):
+        return "damaged"
+    return f"{data.get('status')}:{results_digest(data)[:20]}"
+
+
+# ---------------------------------------------------------------- the environment
+
 LOCK_FILE = "requirements.lock"
+DEVICE_PACKAGES = "scripts/device/packages.yml"
+
+
+@dataclass(frozen=True)
+class Declared:
+    """An environment the book declares: a name, the file that declares it, the Python it asks for
+    (major.minor, or None) and {canonical package name: version}."""
+    name: str
+    source: str
+    says: str  # how a difference is worded: "requirements.lock says", "the device image declares"
+    python: str | None
+    versions: dict
+
+
+def canonical_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed_version(name: str) -> str | None:
+    """The version of a distribution as installed here (importlib.metadata), None if it is not."""
+    import importlib.metadata as md
+
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def python_version() -> str:
+    return platform.python_version()
+
+
+def declared_environments() -> list[Declared]:
+    """The environments the book declares: the locked one (requirements.lock: what `make setup` installs,
+    every package pinned) and, when scripts/device/packages.yml exists, the GPU image's (the carried wheels
+    and the image's packages of known version; null entries are not compared)."""
+    root = repo_root()
+    lock = root / LOCK_FILE
+    pins = {}
+    if lock.exists():
+        for line in lock.read_text().splitlines():
+            name, sep, version = line.split("#", 1)[0].strip().partition("==")
+            if sep:  # `name==version`; the lock holds nothing else (`make lock` writes it)
+                pins[canonical_name(name.strip())] = version.strip()
+    out = [Declared("the locked environment", LOCK_FILE if lock.exists() else f"no {LOCK_FILE}",
+                    f"{LOCK_FILE} says", None, pins)]
+    device = _device_declaration(root / DEVICE_PACKAGES)
+    if device is not None:
+        out.append(device)
+    return out
+
+
+def _device_declaration(path: Path) -> Declared | None:
+    if not path.exists():
+        return None
+    st = path.stat()
+    return _device_cached(str(path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=8)
+def _device_cached(path: str, _mtime: int, _size: int) -> Declared:
+    spec = params.load_yaml(Path(path)) or {}
+    if not isinstance(spec, dict):
+        raise params.ParameterError(f"{path}: needs a mapping with python, carried and image")
+    versions = {}
+    for section in ("carried", "image"):
+        for name, version in (spec.get(section) or {}).items():
+            if version is not None:
+                versions[canonical_name(str(name))] = str(version)
+    python = str(spec["python"]) if spec.get("python") is not None else None
+    return Declared("device image", DEVICE_PACKAGES, "the device image declares", python, versions)
+
+
+def installed_environment() -> dict[str, str | None]:
+    """{package: version installed here, or None} for every package a declared environment names, and
+    `python`: the environment as installed, not as locked."""
+    names = sorted({n for d in declared_environments() for n in d.versions})
+    out = {name: installed_version(name) for name in names}
+    out["python"] = python_version()
+    return out
+
+
+def _same_version(installed: str | None, declared: str | None) -> bool:
+    """Equal public versions: torch 2.11.0+cu130 is the image's torch 2.11.0."""
+    return installed is not None and declared is not None and installed.split("+")[0] == declared.split("+")[0]
+
+
+def _differences(d: Declared, installed: dict) -> list[str]:
+    out = []
+    python = installed.get("python") or "?"
+    if d.python and not (python == d.python or python.startswith(d.python + ".")):
+        out.append(f"python {python} installed, {d.says} {d.python}")
+    for name, version in sorted(d.versions.items()):
+        have = installed.get(name)
+        if not _same_version(have, version):
+            out.append(f"{name} {have or 'not'} installed, {d.says} {version}")
+    return out
+
+
+def environment_verdict(installed: dict | None = None) -> str:
+    """The environment as installed, in words: `declared: NAME (FILE; python X, torch Y)` when it is one
+    the book declares, else `undeclared (the differences from the closest declaration)`."""
+    installed = installed if installed is not None else installed_environment()
+    best = None
+    for d in declared_environments():
+        found = _differences(d, installed)
+        if not found:
+            shown = ["python " + (installed.get("python") or "?")]
+            shown += [f"{n} {installed[n]}" for n in ("torch", "numpy") if installed.get(n)]
+            return f"declared: {d.name} ({d.source}; {', '.join(shown)})"
+        if best is None or len(found) < len(best):
+            best = found
+    more = f" and {len(best) - 4} more" if len(best) > 4 else ""
+    return f"undeclared ({', '.join(best[:4])}{more})"
 
 
 def environment_hash() -> str:
-    """SHA-256 of the environment's lock file (`requirements.lock`: every package and version `make`
-    installs), so a results file graded fresh was produced with the environment the book declares."""
-    path = repo_root() / LOCK_FILE
-    return _sha(path.read_bytes()) if path.exists() else "no lock file"
+    """The identity of the environments the book declares (the lock's pins and the device image's
+    versions), not of what is installed: a result of the CPU environment and one of the GPU image are both
+    current while these declarations stand; each result says which one it was recorded in (its provenance,
+    `stale_reasons`)."""
+    return _sha(canonical_json([[d.name, d.python, d.versions] for d in declared_environments()]).encode())
+
+
+UNDECLARED = "recorded in an undeclared environment"
+
+
+def stale_reasons(record: dict, current: dict) -> list[str]:
+    """Why a recorded result is not current, in words ([] if it is): the environment it was recorded in, if
+    the book does not declare it, then what changed in its inputs (`what_changed`)."""
+    environment = (record.get("provenance") or {}).get("environment") if isinstance(record, dict) else None
+    out = []
+    if isinstance(environment, str) and environment.startswith("undeclared"):
+        out.append(UNDECLARED + environment[len("undeclared"):])
+    return out + what_changed(record.get("inputs") if isinstance(record, dict) else None, current)
+
+
+def describe_stale(reasons: list[str]) -> str:
+    """`stale_reasons` as one phrase: `recorded in an undeclared environment (...); the notebook changed,
+    upstream x changed since this result was recorded`."""
+    environment = [r for r in reasons if r.startswith(UNDECLARED)]
+    changed = [r for r in reasons if not r.startswith(UNDECLARED)]
+    return "; ".join(environment + ([", ".join(changed) + " since this result was recorded"] if changed else []))
 
 
 def what_changed(recorded: dict | None, current: dict) -> list[str]:
@@ -290,7 +474,14 @@ def what_changed(recorded: dict | None, current: dict) -> list[str]:
     old_files, new_files = recorded.get("files") or {}, current.get("files") or {}
     out += [f"the file {n} names changed" for n in sorted(set(old_files) | set(new_files))
             if old_files.get(n) != new_files.get(n)]
-    out += [f"upstream {n} changed" for n in sorted(set(old_up) | set(new_up)) if old_up.get(n) != new_up.get(n)]
+    for n in sorted(set(old_up) | set(new_up)):
+        old, new = old_up.get(n), new_up.get(n)
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict) and old.get("inputs") == new.get("inputs"):
+            out.append(f"upstream {n} was executed again")
+        else:
+            out.append(f"upstream {n} changed")
     return out
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import book, context, pages, params, presentation, settings
+from . import book, context, pages, params, presentation, sanitize, settings
 from .book import BookError, Notebook, book_notebooks, compute_hashes, toc_files  # noqa: F401
 from .execute import BuildError, execute
 from .runs import (DamagedRunError, atomic_write_bytes, atomic_write_json, canonical_json, read_json, repo_root,
@@ -128,20 +128,45 @@ def _cache_problem(label: str, nb: Notebook, nb_path: Path, meta_path: Path) -> 
         return str(e)
     if results is None:
         return f"its results file {context.results_path(nb.chapter, nb.name, label)} is missing"
+    problem = context.check_record(nb.chapter, nb.name, label, results)
+    if problem:
+        return problem
     if results.get("status") != "ok":
         return (f"its results file {context.results_path(nb.chapter, nb.name, label)} says "
                 f"{results.get('status')!r} (an interrupted or failed execution)")
     if results.get("input_hash") != nb.input_hash:
         return f"its results file {context.results_path(nb.chapter, nb.name, label)} belongs to other inputs"
-    return context.provenance_problem(nb.chapter, nb.name, label, results)
+    stale = [r for r in book.stale_reasons(results, nb.inputs) if r.startswith(book.UNDECLARED)]
+    return f"its results were {stale[0]}" if stale else None
 
 
 def _store_execution(label: str, nb: Notebook, executed: Path, seconds: float) -> None:
+    """Keep an execution that ran to the end: the executed notebook, its cache record (under the inputs its
+    results record, which the kernel computed), and its results sealed by this store's key with their
+    provenance (`context.seal_stored`)."""
     target = executed_path(label, nb)
     atomic_write_bytes(target, executed.read_bytes())
+    try:
+        results = context.read_results(nb.chapter, nb.name, label) or {}
+    except context.DamagedResultsError:
+        results = {}
     atomic_write_json(target.with_suffix(".json"), {
-        "input_hash": nb.input_hash, "status": "ok", "seconds": round(seconds, 1), "label": label,
-        "sha256": _sha256(target), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        "input_hash": results.get("input_hash") or nb.input_hash, "status": "ok", "seconds": round(seconds, 1),
+        "label": label, "sha256": _sha256(target), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    if results.get("status") == "ok":
+        context.seal_stored(nb.chapter, nb.name, label, seconds)
+
+
+def refresh_inputs(nb: Notebook, profile: str) -> None:
+    """Compute a notebook's inputs again: the notebooks it needs may have been executed since (in this
+    build), which changes the identity of their results in its inputs."""
+    nb.inputs = book.notebook_inputs(nb.chapter, nb.name, profile)
+    nb.input_hash = book.inputs_hash(nb.inputs)
+
+
+def _stage_stored(label: str, nb: Notebook, dest: Path, banner: str | None = None) -> None:
+    """Stage an executed notebook from the store without active content (`sanitize`), whoever produced it."""
+    sanitize.stage_executed(executed_path(label, nb), dest, repo_root() / nb.path, banner)
 
 
 def _last_seconds(label: str, nb: Notebook) -> float | None:
@@ -205,15 +230,23 @@ def _stage_unexecuted(nb: Notebook, profile: str, dest: Path) -> str:
     except context.DamagedResultsError:
         results = None
     if results and results.get("status") == "failed":
-        shutil.copy2(executed, dest)
+        _stage_stored(profile, nb, dest)
         return "its failed execution"
-    changed = book.what_changed((results or {}).get("inputs"), nb.inputs) or ["its cache record does not verify"]
-    notebook = nbformat.read(executed, as_version=4)
-    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(
-        f"```{{warning}}\nThese outputs are **stale**: they were computed from other sources than this book's "
-        f"({'; '.join(changed)}), so its claims are not graded. Execute it again to update them.\n```"))
-    nbformat.write(notebook, dest)
+    changed = _unverified(profile, nb, results)
+    _stage_stored(profile, nb, dest, banner=(
+        f"```{{warning}}\nThese outputs are **stale**: they were computed from other sources than this book's, or "
+        f"cannot be checked ({'; '.join(changed)}), so its claims are not graded. Execute it again to update them.\n```"))
     return f"stale execution ({'; '.join(changed)})"
+
+
+def _unverified(label: str, nb: Notebook, results: dict | None) -> list[str]:
+    """Why a stored execution is not a current result, in words (for its stale banner)."""
+    if not results:
+        return ["its results file is missing or damaged"]
+    problem = context.check_record(nb.chapter, nb.name, label, results)
+    if problem:
+        return [problem]
+    return book.stale_reasons(results, nb.inputs) or ["its cache record does not verify"]
 
 
 # ---------------------------------------------------------------- staging and rendering
@@ -337,21 +370,27 @@ def build(profile: str, chapters: list[str] | None = None, force: bool = False, 
         seconds, cached = estimate(selected, profile, force)
         log(f"circuitbook build: profile {profile}, {len(selected)} notebooks ({cached} cached), "
             + (f"estimated {fmt_seconds(seconds)}" if execute_missing else "nothing is executed (--no-execute)"))
+        environment = book.environment_verdict()
+        if environment.startswith("undeclared"):
+            log(f"circuitbook build: WARNING: the environment installed here is {environment}: what this build "
+                "executes is stale (never graded) until it is the environment requirements.lock declares")
         src = stage(profile)
         failures, timing, todo = [], {}, []
         for i, nb in enumerate(nbs, 1):
             dest = src / nb.path
-            hit = cached_execution(profile, nb, log if nb in selected and not force else None)
+            refresh_inputs(nb, profile)  # a notebook it needs may have been executed above
+            waiting = [need for need in nb.needs if need in {t.label for t in todo}]  # on the cluster, below
+            hit = None if waiting else cached_execution(profile, nb, log if nb in selected and not force else None)
             if nb not in selected:
                 if hit:
-                    shutil.copy2(executed_path(profile, nb), dest)
+                    _stage_stored(profile, nb, dest)
                     timing[nb.label] = hit.get("seconds")
                 else:
                     _not_executed(dest, dest, profile)
                 continue
             if hit and not force:
                 log(f"[{i}/{len(nbs)}] {nb.path}: unchanged, cached ({hit['seconds']:.0f} s when executed)")
-                shutil.copy2(executed_path(profile, nb), dest)
+                _stage_stored(profile, nb, dest)
                 timing[nb.label] = hit.get("seconds")
                 continue
             if not execute_missing:
@@ -431,6 +470,7 @@ def run_one(notebook: str, profile: str, overrides: dict, log=print, label: str 
     nb = _find_notebook(notebook, repo_root())
     params.resolve(nb.chapter, nb.name, profile, overrides)  # fail before compute
     overrides = params.absolute_paths(nb.chapter, nb.name, overrides)
+    check_pair_file(overrides, nb.label)
     book.check_notebooks([nb])
     check_store()
     if label is not None:
@@ -512,6 +552,7 @@ def release(chapter: str, path: str, profile: str, overrides: dict, label: str |
             continue
         nb_overrides = {name: str(target), **{k: v for k, v in overrides.items() if k in known[nb]}}
         params.resolve(chapter, nb, profile, nb_overrides)  # every notebook's values, before any compute
+        check_pair_file(params.absolute_paths(chapter, nb, nb_overrides), f"{chapter}/{nb}")
         todo.append((nb, nb_overrides))
     if label is None:
         stem = "-".join(LABEL_CHARS.findall(target.stem)) or "release"
@@ -530,6 +571,45 @@ def release(chapter: str, path: str, profile: str, overrides: dict, label: str |
             failures.append(str(e))
             log(f"FAILED: {e}")
     return full, done, failures
+
+
+PAIR_FILE_MAX_BYTES = 1024 * 1024  # 3,481 pairs take about 30 KB
+PAIR_SPLIT_FORMS = ("pair_split is 'authors', 'book', or a file of training pairs (one 'n1 n2' per line, or a "
+                    ".json list of [n1, n2])")
+
+
+def check_pair_file(overrides: dict, where: str) -> None:
+    """`-p pair_split FILE` (Assign and Add's training pairs): the file is parsed here, before any kernel
+    starts (`tasks.assign_add.read_pair_file`), so that a file of something else is refused with the allowed
+    forms, and nothing of its content reaches a message or a results record."""
+    value = overrides.get("pair_split")
+    if not isinstance(value, str) or value in ("authors", "book"):
+        return
+    import inspect
+
+    from .tasks.assign_add import AssignAddTask, read_pair_file
+
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise params.ParameterError(f"{where}: -p pair_split {value!r} is not a file; {PAIR_SPLIT_FORMS}")
+    if path.stat().st_size > PAIR_FILE_MAX_BYTES:
+        raise params.ParameterError(f"{where}: -p pair_split {value!r} is {path.stat().st_size / 2 ** 20:.1f} MiB, "
+                                    f"not a file of training pairs (at most 1 MiB); {PAIR_SPLIT_FORMS}")
+    modulus = inspect.signature(AssignAddTask).parameters["modulus"].default
+    try:
+        read_pair_file(path, modulus)
+    except ValueError as e:  # its message may quote a line of the file: only where it failed is said
+        text, at = str(e), re.search(r"\b(line|item) \d+", str(e))
+        if isinstance(e, UnicodeDecodeError):
+            detail = "it is not text"
+        elif "JSON" in text or not at:
+            detail = re.sub(r",? got .*$|: .*$", "", text.replace(f"pair_split file {str(path)!r}", "the file"),
+                            flags=re.S)
+        else:
+            detail = f"{at.group(0)} is not two integers n1 n2 in [0, {modulus - 1}]" if "listed twice" not in text \
+                else f"{at.group(0)} repeats a pair"
+        raise params.ParameterError(f"{where}: -p pair_split {value!r} is not a file of training pairs ({detail}); "
+                                    f"{PAIR_SPLIT_FORMS}") from None
 
 
 def _find_notebook(notebook: str, root: Path) -> Notebook:

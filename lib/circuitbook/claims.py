@@ -370,7 +370,8 @@ def evaluate_claim(chapter: str, claim: dict, label: str) -> dict:
            "runs": [], "rule": " and ".join(_part_rule(p, "reproduced_if") for p in parts),
            "partial_rule": " and ".join(_part_rule(p, "partial_if") for p in parts if p.partial_if),
            "rule_note": claim.get("rule_note", ""), "note": claim.get("note", ""),
-           "expected": list(claim["expected"]), "deviations": [], "baselines": "", "seeds": "", "release": ""}
+           "expected": list(claim["expected"]), "deviations": [], "baselines": "", "seeds": "", "release": "",
+           "provenance": ""}
     where = f"{chapter}/{claim['notebook']}"
     if claim["notebook"] not in notebooks(chapter):
         return {**row, "status": f"not run: notebook {where} is not written yet"}
@@ -382,6 +383,10 @@ def evaluate_claim(chapter: str, claim: dict, label: str) -> dict:
         why = (f"{where} not executed at {label}" if profile in claim["expected"]
                else f"not expected at profile {profile} and {where} not executed")
         return {**row, "status": f"not run: {why}"}
+    problem = context.check_record(chapter, claim["notebook"], label, results)
+    if problem:
+        return {**row, "status": f"not run: {problem}; its values are not graded (re-execute {where})"}
+    row["provenance"] = provenance_text(results.get("provenance"))
     overrides = results.get("overrides") or {}
     release = results.get("release")  # a released run: its name and what was evaluated, not our training
     if isinstance(release, dict):
@@ -395,14 +400,11 @@ def evaluate_claim(chapter: str, claim: dict, label: str) -> dict:
     if results.get("status") != "ok":
         return {**row, "status": f"not run: {where} is still running or was interrupted at {label} "
                                  f"(started {results.get('started', '?')}); its values are not graded"}
-    problem = context.provenance_problem(chapter, claim["notebook"], label, results)
-    if problem:
-        return {**row, "status": f"not run: {problem}; its values are not graded (re-execute {where})"}
     try:
         current = book.notebook_inputs(chapter, claim["notebook"], profile, overrides)
     except ParameterError as e:
         return {**row, "status": f"stale: its parameters are no longer valid ({e})"}
-    changed = book.what_changed(results.get("inputs"), current)
+    changed = book.stale_reasons(results, current)
     entries = results.get("values", {})
     values = {k: v["value"] for k, v in entries.items()}
     whys = {k: v.get("why") for k, v in entries.items()}
@@ -413,7 +415,7 @@ def evaluate_claim(chapter: str, claim: dict, label: str) -> dict:
     row["baselines"] = "; ".join(f"{b} = {_fmt(values[b])} (baseline for {k})" if b in values
                                  else f"{b} not recorded (baseline for {k})" for k, b in baselines.items())
     if changed:
-        return {**row, "status": "stale: " + ", ".join(changed) + " since this result was recorded"}
+        return {**row, "status": "stale: " + book.describe_stale(changed)}
     reasons = [values[k] for k in keys if isinstance(values.get(k), str) and values[k].startswith("not run")]
     if reasons:
         return {**row, "status": reasons[0]}
@@ -451,19 +453,26 @@ def _fresh_entries(chapter: str, notebook: str, label: str) -> dict:
         raise NotRecorded(str(e)) from None
     if results is None:
         raise NotRecorded(f"{where} has not been executed at {label}")
-    if results.get("status") != "ok":
-        raise NotRecorded(f"{where} did not finish at {label} (status {results.get('status')!r})")
-    problem = context.provenance_problem(chapter, notebook, label, results)
+    problem = context.check_record(chapter, notebook, label, results)
     if problem:
         raise NotRecorded(f"{where}: {problem}")
+    if results.get("status") != "ok":
+        raise NotRecorded(f"{where} did not finish at {label} (status {results.get('status')!r})")
     try:
         current = book.notebook_inputs(chapter, notebook, context.label_profile(label), results.get("overrides") or {})
     except ParameterError as e:
         raise NotRecorded(f"{where}: its parameters are no longer valid ({e})") from None
-    changed = book.what_changed(results.get("inputs"), current)
+    changed = book.stale_reasons(results, current)
     if changed:
-        raise NotRecorded(f"{where} is stale at {label}: " + ", ".join(changed))
+        raise NotRecorded(f"{where} is stale at {label}: " + book.describe_stale(changed))
     return results.get("values", {})
+
+
+def provenance_text(provenance) -> str:
+    """A record's provenance for a reader: `machine · environment · commit`."""
+    if not isinstance(provenance, dict):
+        return ""
+    return " · ".join(str(provenance.get(k, "?")) for k in ("machine", "environment", "commit"))
 
 
 def _as_list(run) -> list:

@@ -1,4 +1,4 @@
-"""The `circuitbook` command: build, run, release, params, scorecard."""
+"""The `circuitbook` command: build, run, release, params, scorecard, export-results, import-results, visit-key."""
 from __future__ import annotations
 
 import argparse
@@ -129,12 +129,20 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", required=True, type=Path, help="folder for the archives")
 
     i = sub.add_parser("import-results", help="place archived results (from a GPU machine) in this run store",
-                       description="Check every archive (digests, input hashes, notebooks of this book), then place "
-                                   "its executed notebooks and results in the run store, so that `circuitbook build "
-                                   "--profile PROFILE` uses them instead of executing. Results computed from other "
-                                   "sources than the current ones are imported as stale (never graded); benchmark "
+                       description="Check every archive (sizes, digests, input hashes, notebooks of this book, and the "
+                                   "seal of every finished result: by a key of `circuitbook visit-key` or this store's), "
+                                   "then place its executed notebooks and results in the run store, sealed again by "
+                                   "this store, so that `circuitbook build --profile PROFILE` uses them instead of "
+                                   "executing. Results computed from other sources than the current ones, or in an "
+                                   "undeclared environment, are imported as stale (never graded); a GPU's benchmark "
                                    "results go to benchmarks/results/.")
     i.add_argument("archives", nargs="+", type=Path, metavar="ARCHIVE")
+
+    sub.add_parser("visit-key", help="make a key for a GPU visit and print it (CIRCUITBOOK_SEAL_KEY=...)",
+                   description="Make a fresh key under RUNS/.keys/visits/ and print CIRCUITBOOK_SEAL_KEY=<hex> for the "
+                               "command that starts a GPU visit: the visit seals its results with it, and "
+                               "import-results here accepts them (results sealed by no key this store knows are "
+                               "refused). The key is a secret: it is never packed into an archive.")
     return p
 
 
@@ -249,7 +257,7 @@ def print_rows(rows: list[dict], title: str) -> None:
         print(f"{r['id']:<6} {r['status']}")
         print(f"       paper: {r['paper']}")
         print(f"       measured: {r['measured'] or '-'}" + (f"  (run {', '.join(r['runs'])})" if r["runs"] else ""))
-        for extra in ("release", "baselines", "seeds"):
+        for extra in ("release", "baselines", "seeds", "provenance"):
             if r.get(extra):
                 print(f"       {extra}: {r[extra]}")
         if r["deviations"]:
@@ -277,6 +285,9 @@ def cmd_export_results(a) -> int:
 
     build_mod.check_store(write=False)
     summary = transfer.export_results(a.label, a.out)
+    if not summary["notebooks"] and summary["left_out"]:
+        raise params.ParameterError(f"--label {a.label}: no result this store stands behind; left out: "
+                                    + "; ".join(summary["left_out"]))
     if not summary["notebooks"]:
         raise params.ParameterError(f"--label {a.label}: no results under {runs_root() / 'results' / a.label}")
     for archive in summary["archives"]:
@@ -303,7 +314,20 @@ def cmd_import_results(a) -> int:
         print(f"  kept the local result of {nb}: it is current, the imported one is not")
     for path in done.files:
         print(f"  benchmark results: {path}")
+    for name, why in done.not_placed:
+        print(f"  not placed in benchmarks/results: {name} ({why}); kept under {runs_root() / 'imported'}")
     print(f"render: circuitbook build --profile {profile} --no-execute   (or make book PROFILE={profile} NO_EXECUTE=1)")
+    return 0
+
+
+def cmd_visit_key(a) -> int:
+    from . import seal
+
+    build_mod.check_store()
+    key = seal.new_visit_key()
+    print(f"circuitbook visit-key: {seal.visits_dir() / (seal.key_id(key) + '.key')} (key {seal.key_id(key)}); start "
+          "the visit with this in its environment (a secret: it seals results this store accepts):", file=sys.stderr)
+    print(f"{seal.KEY_ENV}={key.hex()}")
     return 0
 
 
@@ -317,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings.check_environment()  # a bad CIRCUITBOOK_* variable is refused before anything runs
         commands = {"build": cmd_build, "run": cmd_run, "release": cmd_release, "params": cmd_params, "scorecard": cmd_scorecard,
-                    "export-results": cmd_export_results, "import-results": cmd_import_results}
+                    "export-results": cmd_export_results, "import-results": cmd_import_results,
+                    "visit-key": cmd_visit_key}
         return commands[a.command](a)
     except (params.ParameterError, ValueError) as e:  # bad input: nothing was computed
         return _fail(a.command, str(e), 2)

@@ -6,17 +6,22 @@ writes into the context's results file. The file carries the notebook's
 inputs (`book.notebook_inputs`), so the scorecard grades a result only against
 the code that produced it, and a status: `running` until the build (or
 `circuitbook run`) that executed the notebook marks it `ok` or `failed`. A
-result that is not `ok` is never graded.
+result that is not `ok` is never graded. An `ok` result is sealed when the
+build stores it (`circuitbook.seal`), and everything that reads a record
+(grading, `recorded_values`, the build's cache, import, export) checks it with
+one function, `check_record`.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import time
 from pathlib import Path
 
-from . import log
+from . import book, log, seal
 from .runs import DamagedRunError, atomic_write_json, canonical_json, read_json, runs_root
 from .settings import check_label
 
@@ -39,7 +44,7 @@ def label_profile(label: str) -> str:
 
 
 def results_path(chapter: str, notebook: str, label: str) -> Path:
-    return runs_root() / "results" / check_label(label) / chapter / f"{notebook}.json"
+    return book.results_file(chapter, notebook, label)
 
 
 def notebook_source(chapter: str, notebook: str) -> str:
@@ -59,14 +64,13 @@ def log_path(chapter: str, notebook: str, label: str) -> Path:
 
 
 def results_digest(data: dict) -> str:
-    """SHA-256 of a results record as written (canonical JSON): the executed notebook carries it, so a
-    results file edited after the execution no longer matches the notebook that produced it."""
-    return hashlib.sha256(canonical_json(data).encode()).hexdigest()
+    """SHA-256 of a results record as its execution wrote it (`book.results_digest`: without the seal and
+    provenance added when it is stored): the executed notebook carries it, so a results file edited after
+    the execution no longer matches the notebook that produced it."""
+    return book.results_digest(data)
 
 
 def begin(params) -> None:
-    from . import book
-
     global _current
     label = os.environ.get(LABEL_ENV) or results_label(params.profile, params.overrides)
     inputs = book.notebook_inputs(params.chapter, params.notebook, params.profile, params.overrides)
@@ -129,40 +133,150 @@ def read_results(chapter: str, notebook: str, label: str) -> dict | None:
     if not path.exists():
         return None
     try:
-        data = read_json(path)
-    except DamagedRunError as e:
-        raise DamagedResultsError(f"results file {path} is damaged ({e}); re-execute {chapter}/{notebook}") from None
+        data = parse_record(path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise DamagedResultsError(f"results file {path} is damaged ({path} is unreadable: {e}); re-execute "
+                                  f"{chapter}/{notebook}") from None
     if not (isinstance(data, dict) and isinstance(data.get("values"), dict) and data.get("status") in STATUSES):
         raise DamagedResultsError(f"results file {path} is damaged (not a results record); "
                                   f"re-execute {chapter}/{notebook}")
     return data
 
 
-def provenance_problem(chapter: str, notebook: str, label: str, data: dict) -> str | None:
-    """None if the results record `data` is the one its executed notebook was produced with; else what
-    is wrong, naming the file. The build records the results' digest in the executed notebook's
-    metadata and the notebook's SHA-256 in its cache record (`build._store_execution`), so editing the
-    results, the notebook or its recorded digest breaks the chain."""
-    executed = executed_notebook_path(chapter, notebook, label)
-    record = executed.with_suffix(".json")
-    if not executed.exists() or not record.exists():
-        return (f"its executed notebook {executed} (or its cache record) is missing, so the results file "
-                f"{results_path(chapter, notebook, label)} cannot be checked against what the notebook showed")
-    data_bytes = executed.read_bytes()
+class _Overflow(float):
+    """A number literal too large for a float (`1e400`): record() never writes one (an infinity it records
+    is written `Infinity`), so it is no measured value."""
+
+
+def _float_literal(text: str) -> float:
+    value = float(text)
+    return value if math.isfinite(value) else _Overflow(value)
+
+
+def parse_record(data: bytes | str) -> dict:
+    """A results record from its JSON, as every reader parses it: `Infinity` and `NaN` are what record()
+    writes for infinite and unmeasured values; a literal like `1e400` stays marked as no number."""
+    return json.loads(data, parse_float=_float_literal)
+
+
+ENTRY_KEYS = {"value", "run", "why", "interval"}
+RECORD_TYPES = {"overrides": dict, "params": dict, "inputs": dict, "runs": list, "release": dict,
+                "provenance": dict}
+
+
+def check_record(chapter: str, notebook: str, label: str, data: dict, *, executed: bytes | None = None,
+                 cache: dict | None = None, keys: dict | None = None, where=None) -> str | None:
+    """The one check every reader of a results record runs (grading, `recorded_values`, the build's cache,
+    import, export): None if the record may be used, else what is wrong, naming the file.
+
+    Every record must be the record of this chapter, notebook and label (a copy from another label is not
+    one) and hold only numbers (finite, or NaN for not measured), text or non-empty lists of numbers. A
+    record marked `ok` must also be the one its executed notebook was produced with (the notebook carries
+    its digest and matches its cache record's SHA-256) and carry a seal that verifies by this store's key
+    (`keys=None`) or, on import, by one of `keys`. executed, cache: the executed notebook's bytes and its
+    cache record when they are not the store's (an archive's); where: the record's name in messages."""
+    where = where or results_path(chapter, notebook, label)
+    problem = _shape_problem(chapter, notebook, label, data, where)
+    if problem or data.get("status") != "ok":
+        return problem
+    nb_name = rec_name = None
+    if executed is None:
+        nb_name = executed_notebook_path(chapter, notebook, label)
+        rec_name = nb_name.with_suffix(".json")
+        if not nb_name.exists() or not rec_name.exists():
+            return (f"its executed notebook {nb_name} (or its cache record) is missing, so the results file "
+                    f"{where} cannot be checked against what the notebook showed")
+        executed = nb_name.read_bytes()
+        try:
+            cache = read_json(rec_name)
+        except DamagedRunError:
+            cache = None
+    notebook_text = f"the executed notebook {nb_name}" if nb_name else "the executed notebook"
+    sha = hashlib.sha256(executed).hexdigest()
+    if not isinstance(cache, dict) or cache.get("sha256") != sha:
+        return f"{notebook_text} does not match its cache record's SHA-256" + (f" ({rec_name})" if rec_name else "")
     try:
-        recorded = read_json(record).get("sha256")
-    except (DamagedRunError, AttributeError):
-        recorded = None
-    if recorded != hashlib.sha256(data_bytes).hexdigest():
-        return f"the executed notebook {executed} does not match the SHA-256 its cache record {record} holds"
-    try:
-        meta = json.loads(data_bytes).get("metadata", {}).get("circuitbook", {})
-    except ValueError:
-        return f"the executed notebook {executed} is not readable"
-    if meta.get("results_sha256") != results_digest(data):
-        return (f"the results file {results_path(chapter, notebook, label)} does not match its executed notebook "
-                f"{executed} (edited after the execution?)")
+        meta = json.loads(executed).get("metadata", {}).get("circuitbook", {})
+    except (ValueError, AttributeError):
+        return f"{notebook_text} is not readable"
+    if not isinstance(meta, dict) or meta.get("results_sha256") != results_digest(data):
+        return (f"the results file {where} does not match its executed notebook{' ' + str(nb_name) if nb_name else ''}"
+                " (edited after the execution?)")
+    return _seal_problem(data, sha, keys, where)
+
+
+def _seal_problem(data: dict, notebook_sha: str, keys: dict | None, where) -> str | None:
+    if keys is None:  # grading here: only this store's own key
+        own = seal.store_key()
+        why = seal.verify(data, notebook_sha, {seal.key_id(own): own} if own else {})
+        return (f"the results file {where} is not sealed by this store (edited by hand, or copied from another "
+                "store or label)") if why else None
+    why = seal.verify(data, notebook_sha, keys)
+    if why is None:
+        return None
+    if why.startswith("sealed by an unknown key"):
+        return (f"{where} is {why} (neither this store's nor a visit key of {seal.visits_dir()}: run "
+                "`circuitbook visit-key` here and start the visit with the key it prints)")
+    return f"{where} is not sealed by a key this store knows ({why})"
+
+
+def _shape_problem(chapter: str, notebook: str, label: str, data: dict, where) -> str | None:
+    """A record of another chapter, notebook or label, or holding values of the wrong kind: what is wrong."""
+    fields = (data.get("chapter"), data.get("notebook"), data.get("label"))
+    if fields != (chapter, notebook, label):
+        want = f"at {label}" if fields[:2] == (chapter, notebook) else f"{chapter}/{notebook} at {label}"
+        return (f"the results file {where} records {fields[0]}/{fields[1]} at {fields[2]}, not {want} (copied from "
+                "another label or notebook?)")
+    for name, kind in RECORD_TYPES.items():
+        if data.get(name) is not None and not isinstance(data[name], kind):
+            return f"the results file {where} holds {name} that is not a {kind.__name__}"
+    for key, entry in data["values"].items():
+        problem = entry_problem(key, entry)
+        if problem:
+            return f"results file {where} holds {problem}"
     return None
+
+
+def _number(x) -> bool:
+    """A number a results value may be: a float or int as record() writes it (NaN for not measured, an
+    infinity written `Infinity`, as algorithmic_cores records "no dimension suffices"), never a bool or a
+    literal too large for a float."""
+    return isinstance(x, (int, float)) and not isinstance(x, (bool, _Overflow))
+
+
+def entry_problem(key: str, entry) -> str | None:
+    """What is wrong with one recorded entry {value, run, why, interval}, in words, or None."""
+    if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_]\w*", key) or not isinstance(entry, dict) \
+            or "value" not in entry or set(entry) - ENTRY_KEYS:
+        return f"an entry {key!r} that is not {{value, run, why, interval}}"
+    value = entry["value"]
+    if not (isinstance(value, str) or _number(value) or (isinstance(value, list) and value
+                                                          and all(_number(v) for v in value))):
+        return f"a value of {key} that is not a number, text or list of numbers"
+    run = entry.get("run")
+    if not (run is None or isinstance(run, str) or (isinstance(run, list) and all(isinstance(r, str) for r in run))):
+        return f"a run of {key} that is not a run key, a list of them or null"
+    if entry.get("why") is not None and not isinstance(entry["why"], str):
+        return f"a why of {key} that is not text"
+    interval = entry.get("interval")
+    if interval is not None and not (isinstance(interval, list) and len(interval) == 2
+                                     and all(_number(v) for v in interval)
+                                     and (all(math.isnan(v) for v in interval)
+                                          or (not any(math.isnan(v) for v in interval) and interval[0] <= interval[1]))):
+        return f"an interval of {key} that is not two numbers [lo, hi] with lo <= hi"
+    return None
+
+
+def seal_stored(chapter: str, notebook: str, label: str, seconds: float) -> dict:
+    """Seal the `ok` record of an execution the build just stored (its executed notebook in place) by this
+    store's key, with its provenance: what `build._store_execution` calls. Returns the record."""
+    data = read_results(chapter, notebook, label)
+    executed = executed_notebook_path(chapter, notebook, label).read_bytes()
+    key = seal.store_key(create=True)
+    data = {**data, "provenance": seal.provenance(seconds, key)}
+    data = seal.apply(data, hashlib.sha256(executed).hexdigest(), key)
+    atomic_write_json(results_path(chapter, notebook, label), data)
+    return data
 
 
 def mark(chapter: str, notebook: str, label: str, status: str, error: str = "", execution: str = "") -> dict:

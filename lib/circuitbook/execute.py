@@ -2,7 +2,7 @@
 
 `execute()` runs a notebook in a fresh kernel with the profile (and overrides) as papermill
 parameters, marks its results file `ok` or `failed`, and writes the executed notebook with the digest
-of those results in its metadata (`context.provenance_problem` checks that chain). The build and the
+of those results in its metadata (`context.check_record` checks that chain). The build and the
 Ray cluster's notebook tasks both call it.
 """
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _strip_metadata(path: Path, results_sha256: str) -> None:
     """Drop papermill's per-cell timing noise; keep outputs. The parameters papermill injects are
     bookkeeping: their cell is folded like the notebook's own parameters cell (`hide-input`). The
     digest of the results this execution recorded goes into the notebook's metadata, which ties the
-    results file to the notebook that produced it (`context.provenance_problem`)."""
+    results file to the notebook that produced it (`context.check_record`)."""
     nb = nbformat.read(path, as_version=4)
     nb.metadata["circuitbook"] = {"results_sha256": results_sha256}
     for cell in nb.cells:

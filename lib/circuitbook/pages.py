@@ -58,6 +58,8 @@ def _detail(r: dict, items_shown: list[dict]) -> str:
                   "; ".join(r["deviations"]) if r["deviations"] else "none listed"))
     items.append(("Expected at", ", ".join(r["expected"]) or "no profile (needs external weights)"))
     items.append(("Notebook", f"{r['chapter']}/{r['notebook']}"))
+    if r.get("provenance"):
+        items.append(("Produced on", r["provenance"]))
     if r["runs"]:
         items.append(("Runs", ", ".join(r["runs"])))
     body = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)

@@ -34,11 +34,14 @@ the chapter page.
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import math
 import os
+import stat
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -110,11 +113,17 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _n
 
 
 def load_yaml(path: Path):
-    """Parse a YAML file; any syntax error or duplicate key is a ParameterError naming the file."""
+    """Parse a YAML file; any syntax error or duplicate key is a ParameterError naming the file. Parsed
+    once per content (PyYAML takes ~0.1 s for a chapter's profiles.yml, read hundreds of times per build)."""
     try:
         text = Path(path).read_text()
     except OSError as e:
         raise ParameterError(f"{path}: cannot be read ({e.strerror or e})") from None
+    return copy.deepcopy(_parse_yaml(text, str(path)))
+
+
+@lru_cache(maxsize=128)
+def _parse_yaml(text: str, path: str):
     try:
         return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as e:
@@ -461,11 +470,16 @@ def resolve(chapter: str, notebook: str, profile: str, overrides: dict | None = 
 
 
 def _check_path(name: str, value: str, where: str) -> None:
-    """A path a user passes must exist (a file or a folder), so a typo fails before the kernel starts."""
+    """A path a user passes must exist (a file or a folder) and be one the book reads (`readable_files`), so a
+    typo or a path outside the limits fails before the kernel starts."""
     path = Path(value).expanduser()
     if not path.exists():
         raise ParameterError(f"{where}: parameter {name!r} is {value!r}, which does not exist "
                              f"(give an existing file or folder)")
+    try:
+        readable_files(path)
+    except ParameterError as e:
+        raise ParameterError(f"{where}: parameter {name!r}: {e}") from None
 
 
 def file_inputs(chapter: str, notebook: str, values: dict) -> dict[str, str]:
@@ -483,7 +497,7 @@ def file_inputs(chapter: str, notebook: str, values: dict) -> dict[str, str]:
         value, label = values.get(name), name
         if value is None and spec.env and os.environ.get(spec.env):
             value, label = os.environ[spec.env], f"{name} (${spec.env})"
-        if isinstance(value, str) and value and (spec.type == "path" or Path(value).expanduser().exists()):
+        if isinstance(value, str) and value and _names_file(spec, value):
             out[label] = content_digest(Path(value))
     return out
 
@@ -495,23 +509,101 @@ def absolute_paths(chapter: str, notebook: str, overrides: dict) -> dict:
     out = dict(overrides)
     for name, value in overrides.items():
         if name in spec and spec[name].type in ("path", "str") and isinstance(value, str) and value \
-                and (spec[name].type == "path" or Path(value).expanduser().exists()):
+                and _names_file(spec[name], value):
             out[name] = str(Path(value).expanduser().resolve())
     return out
 
 
+def _names_file(spec, value: str) -> bool:
+    """Whether a parameter's value names a file to read: a `path` parameter always; a `str` one (e.g.
+    pair_split: 'authors', 'book' or a file of pairs) when the value is an existing file, never a folder
+    (a word such as 'book' is not the book's folder of the caller's current directory)."""
+    return spec.type == "path" or Path(value).expanduser().is_file()
+
+
+MAX_FOLDER_ENTRIES = 20_000  # a folder a parameter names is read only up to these limits
+MAX_FOLDER_BYTES = 20 * 2 ** 30
+NOT_DATA = ("/proc", "/sys", "/dev")  # the kernel's and the devices' files: never data
+_LIMITS = (f"a file a parameter names is read only when it is a regular file, or a folder of at most "
+           f"{MAX_FOLDER_ENTRIES:,} entries and {MAX_FOLDER_BYTES // 2 ** 30} GiB of regular files, outside "
+           f"{', '.join(NOT_DATA)}")
+
+
+def _refuse(what: str):
+    raise ParameterError(f"{what}; it is not read ({_LIMITS})")
+
+
+def readable_files(path: Path) -> list[tuple[tuple, Path]] | None:
+    """[(relative name parts, file)] of what a parameter naming `path` may read, checked before anything is
+    read or hashed: None if it does not exist; a ParameterError for the whole filesystem, a path under
+    /proc, /sys or /dev, a device, FIFO or socket (there or inside a folder), a symlink loop, or a folder of
+    more than MAX_FOLDER_ENTRIES entries or MAX_FOLDER_BYTES. Links to folders inside a folder are not
+    followed (as before)."""
+    path = Path(path).expanduser()
+    try:
+        real = path.resolve(strict=True)
+    except FileNotFoundError:
+        return None
+    except (RuntimeError, OSError) as e:  # Python raises RuntimeError (3.11) or OSError ELOOP for a loop
+        if isinstance(e, RuntimeError) or getattr(e, "errno", None) == 40:
+            _refuse(f"{path} is a symlink loop")
+        _refuse(f"{path} cannot be read ({getattr(e, 'strerror', None) or e})")
+    if real == Path(real.anchor):
+        _refuse(f"{path} is the whole filesystem")
+    for root in NOT_DATA:
+        if real == Path(root) or Path(root) in real.parents:
+            _refuse(f"{path} is under {root}, whose files are the system's, not data")
+    mode = real.stat().st_mode
+    if stat.S_ISREG(mode):
+        return [((), real)]
+    if not stat.S_ISDIR(mode):
+        _refuse(f"{path} is not a regular file or folder (a device, a FIFO or a socket)")
+    return _folder_files(path, real)
+
+
+def _folder_files(path: Path, real: Path) -> list[tuple[tuple, Path]]:
+    files, entries, size, todo = [], 0, 0, [((), real)]
+    while todo:
+        rel, folder = todo.pop()
+        with os.scandir(folder) as it:
+            for entry in it:
+                entries += 1
+                if entries > MAX_FOLDER_ENTRIES:
+                    _refuse(f"{path} is a folder of more than {MAX_FOLDER_ENTRIES:,} entries")
+                name = (*rel, entry.name)
+                try:
+                    st = os.stat(entry.path)  # a link: what it points at
+                except OSError as e:
+                    if getattr(e, "errno", None) == 40:
+                        _refuse(f"{entry.path} is a symlink loop")
+                    continue  # a dangling link: nothing to read (as before)
+                if stat.S_ISDIR(st.st_mode):
+                    if not entry.is_symlink():
+                        todo.append((name, Path(entry.path)))
+                elif stat.S_ISREG(st.st_mode):
+                    if entry.is_symlink():
+                        readable_files(Path(entry.path))  # where it points is checked too
+                    size += st.st_size
+                    if size > MAX_FOLDER_BYTES:
+                        _refuse(f"{path} is a folder of more than {MAX_FOLDER_BYTES // 2 ** 30} GiB")
+                    files.append((name, Path(entry.path)))
+                else:
+                    _refuse(f"{entry.path} is not a regular file (a device, a FIFO or a socket)")
+    return sorted(files)
+
+
 def content_digest(path: Path) -> str:
     """`sha256:<hex>:<bytes>` of a file, or of a folder's files (relative names and contents);
-    `missing` for a path that does not exist."""
-    path = Path(path).expanduser()
-    if path.is_file():
-        return _file_digest(path)
-    if not path.is_dir():
+    `missing` for a path that does not exist. Nothing is read before `readable_files` allows it."""
+    files = readable_files(path)
+    if files is None:
         return "missing"
+    if files and files[0][0] == ():
+        return _file_digest(files[0][1])
     h, size = hashlib.sha256(), 0
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+    for name, f in files:
         digest = _file_digest(f)
-        h.update(f"{f.relative_to(path).as_posix()}\0{digest}\n".encode())
+        h.update(f"{'/'.join(name)}\0{digest}\n".encode())
         size += int(digest.rsplit(":", 1)[1])
     return f"sha256:{h.hexdigest()}:{size}"
 

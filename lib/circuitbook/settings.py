@@ -96,6 +96,13 @@ def _label(text: str) -> str:
     return check_label(text)
 
 
+def _seal_key(text: str) -> str:
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", text.strip()):
+        raise SettingError("a seal key is 64 hexadecimal digits (32 bytes), as `circuitbook visit-key` prints "
+                           f"it; got {len(text)} characters")
+    return text
+
+
 def _any(text: str) -> str:
     return text
 
@@ -106,6 +113,7 @@ class Setting:
     check: Callable[[str], object]
     help: str
     internal: bool = False  # set by the build for the kernels it starts, not by a user
+    secret: bool = False  # never repeated in a message
 
 
 SETTINGS = {s.name: s for s in [
@@ -119,6 +127,8 @@ SETTINGS = {s.name: s for s in [
     Setting("CIRCUITBOOK_LOCK_LEASE_S", parse_seconds, "seconds before another host takes over a silent lock"),
     Setting("CIRCUITBOOK_PROGRESS", _flag, "1 (default) shows training progress bars, 0 hides them"),
     Setting("CIRCUITBOOK_DEADLINE", _unix_time, "unix time after which train() starts no new run (a GPU visit)"),
+    Setting("CIRCUITBOOK_SEAL_KEY", _seal_key, "the key results are sealed with instead of <runs>/.keys/seal.key "
+                                               "(a GPU visit's, from `circuitbook visit-key`)", secret=True),
     Setting("CIRCUITBOOK_RAY_ADDRESS", _any, "the Ray cluster of a Ray build", internal=True),
     Setting("CIRCUITBOOK_RAY_RESOURCES", _any, "the resources of a notebook's Ray tasks", internal=True),
     Setting("CIRCUITBOOK_RESULTS_LABEL", _label, "the results label of the execution", internal=True),
@@ -145,7 +155,8 @@ def check_environment(environ=None) -> None:
         try:
             checked = setting.check(value)
         except SettingError as e:
-            raise SettingError(f"environment variable {name}={value!r}: {e} ({setting.help})") from None
+            shown = "(hidden)" if setting.secret else repr(value)
+            raise SettingError(f"environment variable {name}={shown}: {e} ({setting.help})") from None
         if name in PATH_SETTINGS:
             env[name] = checked
 

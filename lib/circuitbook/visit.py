@@ -168,7 +168,8 @@ def visit(a) -> int:
     for archive in packed["archives"]:
         log(f"packed {archive.name}: {archive.stat().st_size / 2 ** 20:.2f} MiB")
     if packed["left_out"]:
-        log(f"left out (over the size or file limit): {', '.join(packed['left_out'])}")
+        log("left out (over the size or file limit, or not a result this store stands behind): "
+            + ", ".join(packed["left_out"]))
     summary = json.loads((logs / "groups.json").read_text()) if (logs / "groups.json").exists() else {}
     for g in summary.get("groups", []):
         log(f"group {g['name']}: {g['status']}; estimated {g['estimate_s']:.0f} s, took {g.get('seconds', 0):.0f} s")
@@ -236,6 +237,7 @@ def _run_groups(profile: str, until: float, chapters: list[str] | None, summary_
                 break
             record = {"notebook": label, "estimate_s": round(estimate, 1)}
             entry["notebooks"].append(record)
+            build.refresh_inputs(nb, profile)  # a notebook it needs may have been executed above
             if build.cached_execution(profile, nb):
                 record.update(status="cached", seconds=0.0)
                 continue

@@ -290,16 +290,18 @@ def read_release(directory) -> Release:
     checkpoint, placed one checkpoint interval (the most common spacing of the step files) after the
     last step file - or at that step, when it holds the same tensors. Refused, naming the directory
     and the files: two files at one step, two step-less files, a name with several numbers and no
-    `step`, a folder without step files, and files of different configurations (`check_same_shapes`:
-    every checkpoint of one run has the same parameters and shapes)."""
+    `step`, a folder without step files, a checkpoint's name on something that is not a regular file (a
+    folder, a FIFO, a symlink loop), and files of different configurations (`check_same_shapes`: every
+    checkpoint of one run has the same parameters and shapes)."""
     path = Path(directory).expanduser()
     if not path.is_dir():
         raise ValueError(f"checkpoint directory {str(path)!r} is not a directory")
     found: dict[int, Path] = {}
     final: Path | None = None
     for f in sorted(path.iterdir()):
-        if not f.is_file() or not f.name.endswith(CHECKPOINT_SUFFIXES):
+        if not f.name.endswith(CHECKPOINT_SUFFIXES):
             continue
+        _check_checkpoint_file(path, f)
         if not re.search(r"\d", f.name):
             if final is not None:
                 raise ValueError(f"checkpoint directory {str(path)!r}: {final.name!r} and {f.name!r} both carry no "
@@ -330,6 +332,27 @@ def read_release(directory) -> Release:
             final_step = last + int(values[counts.argmax()])
             found[final_step] = final
     return Release(path, found, final, final_step, n_step_files)
+
+
+def _check_checkpoint_file(directory: Path, f: Path) -> None:
+    """A file named as a checkpoint must be one (a regular file, or a link to one): a folder, a FIFO, a
+    device or a symlink loop under a checkpoint's name is refused, naming it, never silently dropped (the
+    release would then read as if it had fewer checkpoints)."""
+    import errno
+    import stat
+
+    try:
+        mode = f.stat().st_mode
+    except OSError as e:
+        what = "is a symlink loop" if e.errno == errno.ELOOP else f"cannot be read ({e.strerror or e})"
+        raise ValueError(f"checkpoint directory {str(directory)!r}: {f.name!r} {what}; a checkpoint is a regular "
+                         f"file") from None
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"checkpoint directory {str(directory)!r}: {f.name!r} is a folder, not a checkpoint file; "
+                         "a release's checkpoints are files directly in its folder")
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"checkpoint directory {str(directory)!r}: {f.name!r} is not a regular file (a FIFO, a "
+                         "device or a socket); a checkpoint is a regular file")
 
 
 def state_dict_shapes(path: Path) -> dict[str, tuple]:
