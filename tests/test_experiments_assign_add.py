@@ -643,3 +643,72 @@ def test_circuit_emergence_ignores_noise_before_the_rise():
     m.loc[m.step == 2100, "qk_identity"] = 0.2
     ph = ea.detect_phases(m, window=1000)
     assert ph.qk_step == pytest.approx(5600) and ph.jump_step == pytest.approx(5600)
+
+
+def release_like_metrics(rng, pool_size=2000, probe_size=512):
+    """The authors' run as issue 37 describes it, measured on `pool_size` sequences per pool and `probe_size`
+    per probe type (binomial draws): addition by step 600; the variable accuracy on the E[1/k] plateau, a jump
+    5,301 -> 5,401, then a creep; the hard pools rise with the jump and once more at 14,000-16,000; the bound
+    value's lead rises 57% of its way at 2,500-4,300 (with the previous-token head) and the rest at the jump."""
+    s = np.arange(1, 40002, 100)
+    df = pd.DataFrame({"step": s, "member": 0, "seed": -1})
+
+    def drawn(p, n):
+        return rng.binomial(n, np.clip(p, 0, 1)) / n
+
+    df["acc_zero_var_train"] = drawn(ramp(s, 100, 600, 0.02, 1.0), pool_size)
+    var = ramp(s, 200, 700, 0.02, 0.41) + np.where(s >= 5401, 0.5, 0.0) + ramp(s, 5401, 20000, 0.0, 0.09)
+    for p in ea.VAR_POOLS:
+        df[f"acc_{p}"] = drawn(var, pool_size)
+    hard = 0.3 * var + ramp(s, 5401, 7000, 0.0, 0.2) + ramp(s, 14000, 16000, 0.0, 0.33)
+    for p in ea.HARD_POOLS:
+        df[f"acc_{p}"] = drawn(hard, pool_size)
+    df["bound_over_values"] = drawn(np.where(s >= 5401, 0.968, ramp(s, 2500, 4300, 0.4, 0.755)), 2 * probe_size)
+    df["qk_identity"] = sigmoid_curve(s, 5500, 300) * 0.9
+    df["routing"] = ramp(s, 2500, 4300, 0.1, 0.95)
+    return df
+
+
+def sigmoid_curve(x, centre, width):
+    return 1 / (1 + np.exp(-(np.asarray(x, float) - centre) / width))
+
+
+@pytest.mark.parametrize("pool_size, probe_size", [(2000, 512), (500, 256)])
+def test_aa2_and_aa3_verdicts_do_not_move_between_draws_of_the_evaluation(pool_size, probe_size):
+    """Issue 37: on the authors' run the jump lay inside ~20 tied windows and the bound value's half-way step
+    in its earlier stage, so the draw of the pools decided AA-2 and AA-3. Over 11 draws here: the jump is the
+    jump (5,351), the bound value's stage at the jump is half-way within 100 steps of it, the refinement lies
+    in [12,000, 20,000], and AA-2's lags stay within one window on every draw."""
+    rng = np.random.default_rng(0)
+    for _ in range(11):
+        ph = ea.detect_phases(release_like_metrics(rng, pool_size, probe_size), window=2000, pool_size=pool_size,
+                              probe_size=probe_size)
+        assert ph.jump_step == pytest.approx(5351)
+        assert abs(ph.bound_step - ph.jump_step) <= 100 and abs(ph.qk_step - ph.jump_step) <= 2000
+        assert 12000 <= ph.refine_step <= 20000 and ph.refine_rise >= 0.2
+        assert ph.jump_share >= 0.5
+
+
+def test_without_the_sampling_error_the_draw_decided_the_jump_and_the_bound_stage():
+    """The rules before issue 37 on the same draws: the steepest window's centre moved over the tied windows,
+    and the half-way step of the bound value's whole change lay in its earlier stage, over a window away."""
+    rng = np.random.default_rng(0)
+    jumps = []
+    for _ in range(11):
+        m = release_like_metrics(rng)
+        first, _, _ = curves.steepest_region(m.step, m[[f"acc_{p}" for p in ea.VAR_POOLS]].mean(axis=1), 2000,
+                                             after=600)
+        jumps.append(first + 1000)
+        whole = curves.half_way_step(m.step[m.step >= 600], m.bound_over_values[m.step >= 600])
+        assert abs(whole - 5351) > 1000
+    assert max(jumps) - min(jumps) >= 500
+
+
+def test_phase_tolerances_follow_the_sequences_behind_each_point():
+    tol = ea.phase_tolerances(2000, 512)
+    assert tol["variable"] == pytest.approx(curves.binomial_rise_tolerance(4000))
+    assert tol["hard"] == pytest.approx(curves.binomial_rise_tolerance(6000))
+    assert tol["bound_over_values"] == pytest.approx(curves.binomial_rise_tolerance(1024))
+    assert ea.phase_tolerances(None, None) == {"variable": 0.0, "hard": 0.0, "bound_over_values": 0.0}
+    cfg = SimpleNamespace(pool_size=500, probe_size=256, get=lambda k, d=None: None)
+    assert ea.phase_settings(cfg) == {"window": None, "pool_size": 500, "probe_size": 256}

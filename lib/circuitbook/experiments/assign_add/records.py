@@ -31,12 +31,21 @@ def schedule_deviations(cfg, paper: dict) -> list[str]:
             if k in paper and cfg.get(k) != paper[k]]
 
 
-def phases_table(metrics: pd.DataFrame, window: float | None = None) -> pd.DataFrame:
+def phase_settings(cfg) -> dict:
+    """What `detect_phases` needs of a notebook's Params: the window (`phase_window`; None: 1/20 of the run)
+    and the sequences behind each point of the curves (`pool_size`, `probe_size`), which set the sampling
+    error within which two windows' rises cannot be told apart."""
+    return {"window": cfg.get("phase_window"), "pool_size": cfg.pool_size, "probe_size": cfg.probe_size}
+
+
+def phases_table(metrics: pd.DataFrame, window: float | None = None, pool_size: int | None = None,
+                 probe_size: int | None = None) -> pd.DataFrame:
     """`detect_phases` of every member, one row per member (index: member), with its seed."""
     rows = []
     for member in sorted(metrics.member.unique()):
         seed = metrics.loc[metrics.member == member, "seed"].iloc[0] if "seed" in metrics else member
-        rows.append({"member": int(member), "seed": int(seed), **asdict(detect_phases(metrics, member, window))})
+        phases = detect_phases(metrics, member, window, pool_size=pool_size, probe_size=probe_size)
+        rows.append({"member": int(member), "seed": int(seed), **asdict(phases)})
     return pd.DataFrame(rows).set_index("member")
 
 
