@@ -157,7 +157,8 @@ def test_hard_final_accuracy_is_the_weakest_pool():
 def test_transition_and_stage_checkpoints():
     run = SimpleNamespace(checkpoint_steps=lambda: [0, 250, 500, 750, 1000])
     ph = ea.Phases(addition_step=100, variable_step=600, var_half_step=550, zero_at_var_half=1.0, jump_from=100,
-                   jump_step=500, jump_rise=0.8, jump_share=0.9, qk_step=500, bound_step=500, routing_step=300,
+                   jump_step=500, jump_rise=0.8, jump_share=0.9, qk_step=500, bound_step=500, bound_lo=500, bound_hi=500,
+                   routing_step=300,
                    refine_step=float("nan"), refine_rise=0.0, window=100)
     assert ea.transition_checkpoints(run, ph) == {"init": 0, "before jump": 250, "after jump": 750, "final": 1000}
     assert ea.stage_checkpoint(run, ph) == 250
@@ -712,3 +713,28 @@ def test_phase_tolerances_follow_the_sequences_behind_each_point():
     assert ea.phase_tolerances(None, None) == {"variable": 0.0, "hard": 0.0, "bound_over_values": 0.0}
     cfg = SimpleNamespace(pool_size=500, probe_size=256, get=lambda k, d=None: None)
     assert ea.phase_settings(cfg) == {"window": None, "pool_size": 500, "probe_size": 256}
+
+
+def test_phase_intervals_hold_the_values_and_widen_with_fewer_sequences():
+    rng = np.random.default_rng(3)
+    metrics = release_like_metrics(rng, 500, 256)
+    wide = ea.phase_intervals(ea.phases_table(metrics, 2000, 500, 256), metrics, 500, 256)
+    narrow = ea.phase_intervals(ea.phases_table(metrics, 2000, 500, 256), metrics, 5000, 2560)
+    rec = ea.phase_records(ea.phases_table(metrics, 2000, 500, 256), metrics)
+    for key in ("aa2_bound_lag_windows", "aa2_jump_share", "aa3_hard_final_min_acc"):
+        (lo, hi), value = wide[key][0], rec[key][0][0]
+        assert lo <= value <= hi, key
+        assert narrow[key][0][1] - narrow[key][0][0] <= hi - lo, key
+    # the hard pools' final accuracies: the lowest Wilson interval ends at 500 sequences
+    last = metrics[metrics.step == metrics.step.max()].iloc[0]
+    ends = [curves.binomial_interval(last[f"acc_{p}"], 500) for p in ea.HARD_POOLS]
+    assert wide["aa3_hard_final_min_acc"][0] == [min(e[0] for e in ends), min(e[1] for e in ends)]
+    assert ea.phase_intervals(ea.phases_table(metrics, 2000), metrics, None, None) == {}
+
+
+def test_binomial_interval_is_the_wilson_interval():
+    lo, hi = curves.binomial_interval(0.9, 500)
+    z, n, p = 2.0, 500, 0.9
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert (lo, hi) == (pytest.approx(centre - half), pytest.approx(centre + half))
+    assert curves.binomial_interval(1.0, 500)[1] == 1.0 and curves.binomial_interval(1.0, 500)[0] < 1.0

@@ -105,12 +105,14 @@ def note_release(name: str, path: str, evaluated: str) -> None:
             _write()
 
 
-def set_value(key: str, value, run_key: str | None, why: str | None = None) -> None:
+def set_value(key: str, value, run_key: str | None, why: str | None = None, interval=None) -> None:
     if _current is None:
         raise RuntimeError("record() needs a context: call circuitbook.load_params(...) first")
     entry = {"value": value, "run": run_key}
     if why:
         entry["why"] = why
+    if interval is not None:  # the value's sampling interval [lo, hi] (one per seed for a list): claims.record
+        entry["interval"] = interval
     _current["values"][key] = entry
     _write()
 

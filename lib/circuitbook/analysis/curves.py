@@ -77,6 +77,18 @@ def binomial_rise_tolerance(n: float, z: float = 2.0) -> float:
     return float(z * math.sqrt(0.5 / n))
 
 
+def binomial_interval(p: float, n: float, z: float = 2.0) -> tuple[float, float]:
+    """The Wilson score interval (z standard errors) of an accuracy p measured on n sequences: where another
+    draw of n sequences could put it. It holds p, and stays inside [0, 1] (also at p = 0 or 1)."""
+    if not n > 0:
+        raise ValueError(f"the probe count must be > 0, got {n!r}")
+    if math.isnan(p):
+        return float("nan"), float("nan")
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(min(p, max(0.0, centre - half))), float(max(p, min(1.0, centre + half)))
+
+
 def _window_rises(x, y, window: float, after: float | None):
     starts = x[(x + window <= x[-1] + 1e-9) & (x >= (after if after is not None else -np.inf))]
     return starts, np.interp(starts + window, x, y) - np.interp(starts, x, y)
@@ -136,6 +148,12 @@ def steepest_rise(steps, values, window: float, after: float | None = None,
 
 def stage_half_way_step(steps, values, event: float, after: float | None = None, tolerance: float = 0.0,
                         pause: float | None = None, min_share: float = 0.25) -> float:
+    """The step of `stage_half_way` (below)."""
+    return stage_half_way(steps, values, event, after, tolerance, pause, min_share)[0]
+
+
+def stage_half_way(steps, values, event: float, after: float | None = None, tolerance: float = 0.0,
+                   pause: float | None = None, min_share: float = 0.25) -> tuple[float, float, float]:
     """The half-way step of the stage of a measure's rise that holds `event` (a step), for a measure that
     rises in stages (e.g. one share that rises first with one head and then with another).
 
@@ -148,12 +166,17 @@ def stage_half_way_step(steps, values, event: float, after: float | None = None,
     first), the measure does not rise at the event, and the half-way step of its whole change after
     `after` is returned instead (`half_way_step`): a measure that rose elsewhere is timed where it rose.
     pause defaults to two evaluation intervals (the median spacing).
+
+    Returns (step, lo, hi): [lo, hi] is the sampling interval of the step, where the measure crosses the
+    middle minus and plus its sampling error (tolerance / 2: the middle is a mean of two evaluations, and
+    `tolerance` is the error of their difference); lo = hi = step for an exact measure.
     """
     x, y = _curve(steps, values)
     keep = x >= after if after is not None else np.ones(len(x), bool)
     x, y = x[keep], y[keep]
+    nan = (float("nan"),) * 3
     if len(x) < 2 or math.isnan(event):
-        return float("nan")
+        return nan
     pause = 2 * float(np.median(np.diff(x))) if pause is None else float(pause)
     flat_before = [(t - pause >= x[0]) and abs(np.interp(t, x, y) - np.interp(t - pause, x, y)) <= tolerance
                    for t in x]
@@ -163,9 +186,14 @@ def stage_half_way_step(steps, values, event: float, after: float | None = None,
     ends = [i for i in range(len(x)) if x[i] >= event and flat_after[i]]
     i0, i1 = (starts[-1] if starts else 0), (ends[0] if ends else len(x) - 1)
     total = float(y.max() - y[0])
-    if not y[i1] - y[i0] >= min_share * total or not total > 0:
-        return half_way_step(x, y)
-    return crossing_step(x[i0:i1 + 1], y[i0:i1 + 1], (y[i0] + y[i1]) / 2)
+    if not y[i1] - y[i0] >= min_share * total or not total > 0:  # no stage at the event: the whole change
+        if not y[-1] > y[0]:
+            return nan
+        i0, i1 = 0, len(x) - 1
+    xs, ys, middle = x[i0:i1 + 1], y[i0:i1 + 1], (y[i0] + y[i1]) / 2
+    step = crossing_step(xs, ys, middle)
+    lo, hi = crossing_step(xs, ys, middle - tolerance / 2), crossing_step(xs, ys, middle + tolerance / 2)
+    return step, float(np.fmin(lo, step)), float(np.fmax(hi, step))
 
 
 def threshold(values, accuracies, level: float = 0.9) -> float:

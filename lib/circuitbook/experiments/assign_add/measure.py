@@ -102,6 +102,8 @@ class Phases:
     qk_step: float  # the layer-2 QK identity cosine is half-way from its first to its last value
     bound_step: float  # the bound value beats the other assigned values in `=`'s attention: half-way of the
     # stage that holds the jump
+    bound_lo: float  # bound_step's sampling interval (`analysis.curves.stage_half_way`)
+    bound_hi: float
     routing_step: float  # the layer-1 previous-token score is half-way (a prerequisite)
     refine_step: float  # where the hard-case accuracy rises most after the jump
     refine_rise: float
@@ -198,20 +200,23 @@ def detect_phases(metrics: pd.DataFrame, member: int = 0, window: float | None =
         return curves.half_way_step(steps[keep], m[list(columns)].mean(axis=1).to_numpy()[keep])
 
     def bound_stage(event):
-        if "bound_over_values" not in m or math.isnan(event):
-            return half_way(["bound_over_values"], after=start)
-        return curves.stage_half_way_step(steps, m["bound_over_values"].to_numpy(), event, after=start,
-                                          tolerance=tol["bound_over_values"])
+        if "bound_over_values" not in m:
+            return (float("nan"),) * 3
+        if math.isnan(event):
+            return (half_way(["bound_over_values"], after=start),) * 3
+        return curves.stage_half_way(steps, m["bound_over_values"].to_numpy(), event, after=start,
+                                     tolerance=tol["bound_over_values"])
 
     refine, refine_rise = (curves.steepest_rise(steps, hard, window, after=jump + window / 2,
                                                 tolerance=tol["hard"])
                            if not math.isnan(jump) else (float("nan"), float("nan")))
     if not refine_rise >= min_rise:
         refine = float("nan")
+    bound, bound_lo, bound_hi = bound_stage(jump)
     return Phases(addition_step=addition, variable_step=variable_step,
                   var_half_step=var_half, zero_at_var_half=curves.value_at(steps, zero, var_half),
                   jump_from=start, jump_step=jump, jump_rise=jump_rise, jump_share=jump_share,
-                  qk_step=half_way(["qk_identity"]), bound_step=bound_stage(jump),
+                  qk_step=half_way(["qk_identity"]), bound_step=bound, bound_lo=bound_lo, bound_hi=bound_hi,
                   routing_step=half_way(["routing"]), refine_step=refine, refine_rise=refine_rise,
                   window=window)
 

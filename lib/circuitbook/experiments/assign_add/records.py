@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from ...training import Run
-from .measure import detect_phases, hard_final_accuracy
+from ...analysis import curves
+from .measure import HARD_POOLS, detect_phases, hard_final_accuracy, phase_tolerances
 
 # The knobs that set how fast training moves: step numbers compare with the paper's only when all
 # of them have the paper's values.
@@ -88,6 +89,41 @@ def phase_records(phases: pd.DataFrame, metrics: pd.DataFrame, pace: Sequence[st
         "aa3_refine_step_run": seeds(phases.refine_step, NO_REFINEMENT),
         "aa3_hard_final_min_acc": seeds(hard_final_accuracy(metrics)),
     }
+
+
+def _lag_interval(lo: float, hi: float, jump: float, window: float) -> list[float]:
+    """The range of |t - jump| / window over t in [lo, hi]."""
+    if any(math.isnan(v) for v in (lo, hi, jump)):
+        return [math.nan, math.nan]
+    near = 0.0 if lo <= jump <= hi else min(abs(lo - jump), abs(hi - jump))
+    return [near / window, max(abs(lo - jump), abs(hi - jump)) / window]
+
+
+def phase_intervals(phases: pd.DataFrame, metrics: pd.DataFrame, pool_size: int | None,
+                    probe_size: int | None) -> dict:
+    """The sampling intervals of the values `phase_records` records whose draw of the pools or probes could move
+    them across a threshold, one [lo, hi] per seed (for `cb.record(..., interval=...)`):
+    aa2_bound_lag_windows (the bound value's half-way step between the crossings of its stage's middle minus
+    and plus its sampling error, `analysis.curves.stage_half_way`), aa2_jump_share (the jump's rise plus and
+    minus the variable accuracy's sampling error), aa3_hard_final_min_acc (the Wilson interval of each hard
+    pool's final accuracy at `pool_size` sequences, the lowest of the lower and of the upper ends).
+    Empty without pool_size / probe_size."""
+    if not pool_size or not probe_size:
+        return {}
+    tol = phase_tolerances(pool_size, probe_size)
+    out = {"aa2_bound_lag_windows": [_lag_interval(r.bound_lo, r.bound_hi, r.jump_step, r.window)
+                                     for r in phases.itertuples()]}
+    shares = []
+    for r in phases.itertuples():
+        after = r.jump_rise / r.jump_share if r.jump_share and not math.isnan(r.jump_share) else math.nan
+        shares.append([max(0.0, (r.jump_rise - tol["variable"]) / after), (r.jump_rise + tol["variable"]) / after]
+                      if after > 0 else [math.nan, math.nan])
+    out["aa2_jump_share"] = shares
+    last = metrics[metrics.step == metrics.step.max()].set_index("member").sort_index()
+    ends = [[curves.binomial_interval(float(row[f"acc_{p}"]), pool_size) for p in HARD_POOLS]
+            for _, row in last.loc[phases.index].iterrows()]
+    out["aa3_hard_final_min_acc"] = [[min(lo for lo, _ in e), min(hi for _, hi in e)] for e in ends]
+    return out
 
 
 def pace_phrase(pace: Sequence[str]) -> str:
