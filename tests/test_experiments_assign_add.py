@@ -738,3 +738,49 @@ def test_binomial_interval_is_the_wilson_interval():
     centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     assert (lo, hi) == (pytest.approx(centre - half), pytest.approx(centre + half))
     assert curves.binomial_interval(1.0, 500)[1] == 1.0 and curves.binomial_interval(1.0, 500)[0] < 1.0
+
+
+def test_a_released_run_is_shown_as_the_release_not_as_the_books_training(tmp_path):
+    released_run(tmp_path / "release", steps=(1, 101, 201))
+    torch.save(cb.ToyTransformer(TINY, seed=9).state_dict(), tmp_path / "release" / "model_state_dict.pth")
+    base = dict(pool_size=2000, probe_size=512, eval_seed=1, pair_split="authors", profile="cpu", d_model=128,
+                d_mlp=512, steps=10000, batch_size=256, lr=0.002, weight_decay=0.02, seeds=[42], eval_every=100)
+    table = ea.run_settings(params(checkpoint_path=str(tmp_path / "release"), **base))
+    shown = table.iloc[:, 0].to_dict()
+    assert table.columns.tolist() == ["released run"]
+    assert shown["release"] == "release" and shown["step checkpoints"] == "3" and shown["checkpoint steps"] == "1 to 201"
+    assert shown["final model"].startswith("model_state_dict.pth, step 300 (assumed")
+    assert shown["pair_split"] == "authors" and shown["pool_size"] == "2000" and shown["probe_size"] == "512"
+    assert not {"lr", "batch_size", "steps", "seeds", "d_model"} & set(shown)  # the book's training: not the release's
+    book = ea.run_settings(params(checkpoint_path=None, **base))
+    assert book.loc["lr", "cpu"] == 0.002 and book.loc["probe_size", "cpu"] == 512
+    assert ea.member_label(-1) == "the release" and ea.member_label(42) == "seed 42"
+
+
+def test_signal_to_noise_of_parts_with_a_known_signal_and_noise():
+    from circuitbook.analysis.baselines import signal_to_noise
+
+    gen = torch.Generator().manual_seed(0)
+    signal = torch.zeros(12, 12, dtype=torch.float64)
+    signal.fill_diagonal_(1.0)
+    sigma, k = 0.5, 16
+    parts = [signal + sigma * torch.randn(12, 12, generator=gen, dtype=torch.float64) for _ in range(k)]
+    mean, snr = signal_to_noise(parts)
+    # ||signal|| = sqrt(12); the standard error of the mean is sigma / sqrt(k) per entry: 12 sigma / sqrt(k) in norm
+    assert snr == pytest.approx(math.sqrt(12) / (12 * sigma / math.sqrt(k)), rel=0.25)
+    assert torch.allclose(mean, torch.stack(parts).mean(0))
+    noise_only = [sigma * torch.randn(12, 12, generator=gen, dtype=torch.float64) for _ in range(k)]
+    assert signal_to_noise(noise_only)[1] == pytest.approx(1.0, abs=0.3)  # pure noise: about 1
+    with pytest.raises(ValueError, match="at least 2 parts"):
+        signal_to_noise(parts[:1])
+
+
+def test_qk_gradient_block_is_the_whole_batch_gradient_with_its_noise_ratio():
+    model = cb.ToyTransformer(TINY, seed=3)
+    batch = TASK.train_batch(0, 64, 5)
+    grad, block, snr = ea.qk_gradient_block(model, batch.tokens, batch.labels, TASK, parts=4)
+    torch.testing.assert_close(grad, ea.qk_gradient(model, batch.tokens, batch.labels)[0])
+    torch.testing.assert_close(block, ea.variable_block(ea.qk_in_basis(grad, model, TASK)[0], TASK))
+    assert snr > 0 and math.isfinite(snr)
+    with pytest.raises(ValueError, match="cannot be split"):
+        ea.qk_gradient_block(model, batch.tokens[:3], batch.labels[:3], TASK, parts=4)

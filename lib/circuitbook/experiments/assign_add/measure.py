@@ -372,6 +372,34 @@ def qk_gradient(model: ToyTransformer, tokens: torch.Tensor, labels: torch.Tenso
     return -total
 
 
+GRADIENT_PARTS = 4  # AA-12: the gradient is measured on this many disjoint sub-batches to see its noise
+GRADIENT_MIN_SNR = 3.0  # below this, the block's direction is mostly the draw of the sequences
+
+
+def qk_gradient_block(model: ToyTransformer, tokens: torch.Tensor, labels: torch.Tensor, task: AssignAddTask,
+                      parts: int = GRADIENT_PARTS) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(-dL/dW_QK of layer 2 [d, d], its variable block [12, 12], the block's signal-to-noise ratio).
+
+    The gradient is the mean of `qk_gradient` over `parts` disjoint equal sub-batches of the sequences (the
+    gradient on all of them, when they divide evenly); the block is read in `qk_basis` and double-centred (the
+    part `template_cosine` reads) before `analysis.baselines.signal_to_noise` compares its size with its
+    sampling error. Late in training the loss and its gradient shrink toward zero while the sampling error
+    does not vanish as fast, so the block's direction, and any cosine read from it, becomes the draw's: a
+    cosine is only measured where the ratio is at least `GRADIENT_MIN_SNR`."""
+    from ...analysis.attention import double_centre
+    from ...analysis.baselines import signal_to_noise
+
+    size = len(tokens) // parts
+    if size < 1:
+        raise ValueError(f"{len(tokens)} sequences cannot be split into {parts} parts")
+    grads = [qk_gradient(model, tokens[i * size:(i + 1) * size], labels[i * size:(i + 1) * size])[0]
+             for i in range(parts)]
+    blocks = [double_centre(variable_block(qk_in_basis(g, model, task)[0], task)) for g in grads]
+    _, snr = signal_to_noise(blocks)
+    grad = torch.stack(grads).mean(0)
+    return grad, variable_block(qk_in_basis(grad, model, task)[0], task), snr
+
+
 def qk_basis(model: ToyTransformer, task: AssignAddTask) -> tuple[torch.Tensor, list[str]]:
     """Rows of the embedding basis the QK forms are read in: every raw token embedding (74) and
     the 12 variable embeddings after the layer-1 OV circuit (`v'`), unit-normalised."""

@@ -19,6 +19,36 @@ SCHEDULE_KNOBS = ("d_model", "d_mlp", "batch_size", "lr", "weight_decay", "train
                   "cooldown_steps")
 
 
+RELEASED_SEED = -1  # the seed column of a released run's metrics (`training.ReleasedRun`): no seed of ours
+
+
+def member_label(seed) -> str:
+    """How a table header or legend names one member: "seed 42", or "the release" for a released run's one
+    model (whose metrics carry seed -1: the book never drew its seed)."""
+    return "the release" if int(seed) == RELEASED_SEED else f"seed {int(seed)}"
+
+
+def run_settings(cfg) -> pd.DataFrame:
+    """02's first table: what the page evaluates. The book's run: its training settings and the evaluation's
+    sizes. A released run: what the release is (its folder, checkpoints, steps, final model and how its step
+    was found) and the evaluation's sizes and pair split; the book's training settings do not describe it."""
+    from ...models.loading import read_release
+
+    evaluation = {"pool_size": cfg.pool_size, "probe_size": cfg.probe_size, "eval_seed": cfg.get("eval_seed"),
+                  "pair_split": cfg.get("pair_split")}
+    path = cfg.get("checkpoint_path")
+    if not path:
+        shown = ("d_model", "d_mlp", "steps", "batch_size", "lr", "weight_decay", "seeds", "eval_every")
+        return pd.Series({**{k: cfg.get(k) for k in shown}, **evaluation}, name=cfg.profile).to_frame()
+    release = read_release(path)
+    steps = [s for s, f in release.files.items() if f != release.final]
+    final = (f"{release.final.name}, step {release.final_step:,} ({release.final_step_source})" if release.final
+             else f"the last step file, step {release.final_step:,}")
+    about = {"release": release.name, "step checkpoints": f"{release.n_step_files:,}",
+             "checkpoint steps": f"{steps[0]:,} to {steps[-1]:,}" if steps else "none", "final model": final}
+    return pd.Series({**about, **evaluation}, name="released run").astype(str).to_frame()
+
+
 def why_if_missing(values, why: str) -> str | None:
     """`why` when every value is NaN (so the scorecard says `not measured: why`), else None."""
     values = values if isinstance(values, (list, tuple, np.ndarray, pd.Series)) else [values]
