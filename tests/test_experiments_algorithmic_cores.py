@@ -444,7 +444,7 @@ def test_notebook_runs_are_planned_without_training(runs_dir):
     from circuitbook.training import planning
 
     expected = {"01_planted": [], "02_markov": ["algorithmic_cores/markov", "algorithmic_cores/markov_normal_init",
-                                                "algorithmic_cores/markov_book"],
+                                                "algorithmic_cores/markov_book", "algorithmic_cores/markov_survey"],
                 "03_grokking": ["algorithmic_cores/grokking", "algorithmic_cores/grokking_wd0"],
                 "04_delay_law": ["algorithmic_cores/omega_sweep", "algorithmic_cores/p_sweep_7",
                                  "algorithmic_cores/p_sweep_11", "algorithmic_cores/p_sweep_13"],
