@@ -400,3 +400,8 @@ def test_record_stores_a_checked_interval_beside_the_value(mini_book, runs_dir):
         claims.record("a", 0.9, interval=(0.8,))
     with pytest.raises(ValueError, match="text value has no interval"):
         claims.record("t", "words", interval=(0, 1))
+
+
+def test_entry_intervals_reads_the_intervals_a_results_file_holds():
+    entries = {"a": {"value": 0.9, "run": None, "interval": [0.88, 0.92]}, "b": {"value": 1.0, "run": None}}
+    assert claims.entry_intervals(entries) == {"a": [0.88, 0.92]}

@@ -49,6 +49,10 @@ def test_the_failed_part_names_its_rule_and_the_measured_value():
         ("accuracy", "reproduced", ""), ("timing", "not measured", "no jump detected")]), CLAIM, LABELS, {})
     assert unmeasured == ["timing: not measured (no jump detected)"]
     assert presentation.failed_parts(row("reproduced", [("accuracy", "reproduced", "")]), CLAIM, LABELS, {}) == []
+    straddle = "the sampling interval [0.88, 0.93] of acc straddles the threshold"
+    failed = presentation.failed_parts(row("partial", [("accuracy", "partial", straddle)]), CLAIM, LABELS,
+                                       {"acc": 0.91})
+    assert failed == [f"accuracy: needs held-out accuracy >= 0.9; measured 0.91; {straddle}"]
 
 
 def test_measured_items_label_every_key_and_fold_the_seeds():

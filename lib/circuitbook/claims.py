@@ -288,6 +288,12 @@ def rule_verdict(rule: str, values: dict, intervals: dict | None = None) -> str:
     return "straddles"
 
 
+def entry_intervals(entries: dict) -> dict:
+    """{key: [lo, hi] (or one per seed)} of a results file's entries recorded with a sampling interval: what
+    `_part_status` and `_seed_agreement` read beside the values."""
+    return {k: v["interval"] for k, v in entries.items() if isinstance(v, dict) and v.get("interval") is not None}
+
+
 def _straddle_detail(rules: list[str], values: dict, intervals: dict) -> str:
     keys = list(dict.fromkeys(parse_rule(r)["key"] for r in rules
                               if rule_verdict(r, values, intervals) == "straddles"))

@@ -160,7 +160,7 @@ def failed_parts(row: dict, claim: dict, labels: dict, values: dict) -> list[str
             measured = with_unit(format_value(values.get(key, float("nan")), unit), unit)
             words.append(f"needs {rule_in_words(r, labels)}; measured {measured}")
         if part["status"] == "partial":
-            words.append("passes the looser partial rule")
+            words.append(part["detail"] if "straddles" in part.get("detail", "") else "passes the looser partial rule")
         out.append(prefix + "; ".join(words))
     return out
 
