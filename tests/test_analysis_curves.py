@@ -129,3 +129,99 @@ def test_settled_from_is_the_start_of_the_last_unbroken_run():
 def test_pick_steps_spreads_over_the_index():
     assert curves.pick_steps(range(1, 101), 5) == [1, 26, 51, 75, 100]
     assert curves.pick_steps([3, 1, 2, 2], 5) == [1, 2, 3]
+
+
+# ---------------------------------------------------------------- events that do not hinge on the probes' draw
+def test_binomial_rise_tolerance_is_two_standard_errors_of_a_difference_at_one_half():
+    assert curves.binomial_rise_tolerance(2000) == pytest.approx(2 * math.sqrt(2 * 0.25 / 2000))
+    assert curves.binomial_rise_tolerance(500, z=1) == pytest.approx(math.sqrt(0.5 / 500))
+    with pytest.raises(ValueError, match="probe count"):
+        curves.binomial_rise_tolerance(0)
+
+
+def jump_curve(steps, at=5300, plateau=0.45, top=0.95):
+    """A plateau, a jump between two evaluations (at -> at + 100), then a slow creep to 1."""
+    base = np.where(steps >= at + 100, top, plateau)
+    return base + np.clip((steps - at - 100) / 20000, 0, 1) * (1 - top)
+
+
+def noisy(curve, n, rng):
+    """An accuracy curve measured on n probe sequences per evaluation (binomial sampling)."""
+    return rng.binomial(n, np.clip(curve, 0, 1)) / n
+
+
+def test_a_jump_inside_many_tied_windows_is_placed_at_the_jump_whatever_the_draw():
+    """The full profile's case (issue 37): a 100-step jump lies inside ~20 windows of 2,000 steps that all rise
+    alike; the steepest of them depends on the draw of the probes, the jump's own step does not."""
+    steps = np.arange(0, 40001, 100)
+    n = 4000  # the variable accuracy: two pools of 2,000 sequences
+    rng = np.random.default_rng(0)
+    tol = curves.binomial_rise_tolerance(n)
+    events, window_centres = [], []
+    for _ in range(11):
+        y = noisy(jump_curve(steps), n, rng)
+        events.append(curves.steepest_rise(steps, y, 2000, after=1000, tolerance=tol)[0])
+        first, last, _ = curves.steepest_region(steps, y, 2000, after=1000, tolerance=tol)
+        window_centres.append(curves.steepest_rise(steps, y, 2000, after=1000)[0])
+        assert first <= 5300 and last + 2000 >= 5400  # the region holds the jump
+    assert set(events) == {5350.0}  # stated tolerance: none, every draw gives the jump's own step
+    # the old rule (the centre of the single steepest window) moved with the draw
+    old = [curves.steepest_region(steps, noisy(jump_curve(steps), n, rng), 2000, after=1000)[0] + 1000
+           for _ in range(11)]
+    assert max(old) - min(old) > 500
+
+
+def test_a_plateau_gives_no_event_beyond_its_noise_and_the_rise_is_the_steepest_window():
+    steps = np.arange(0, 10001, 100)
+    flat = np.full(len(steps), 0.4)
+    step, rise = curves.steepest_rise(steps, flat, 1000)
+    assert rise == 0.0 and 0 <= step <= 10000
+    ramp = np.interp(steps, [2000, 6000], [0.0, 0.8])  # a gradual rise: the event lies inside it
+    step, rise = curves.steepest_rise(steps, ramp, 1000, tolerance=0.01)
+    assert 2000 <= step <= 6000 and rise == pytest.approx(0.2)
+
+
+def two_stage(steps, first=(2500, 4300), jump=5300, lo=0.4, mid=0.755, hi=0.97):
+    """A share that rises first gradually (57% of its rise, with an earlier head) and then at a jump."""
+    early = np.interp(steps, first, [lo, mid])
+    return np.where(steps >= jump + 100, hi, early)
+
+
+def test_the_half_way_of_a_two_stage_measure_is_read_for_the_stage_at_the_event():
+    steps = np.arange(0, 40001, 100)
+    y = two_stage(steps)
+    # the whole change's half-way lies in the first stage; the stage that holds the jump is [5300, 5400]
+    assert curves.half_way_step(steps, y) < 4300
+    assert curves.stage_half_way_step(steps, y, 5350, after=500) == pytest.approx(5350)
+    # timed at the first stage, the measure's stage there is the gradual rise (half-way at 3400)
+    assert curves.stage_half_way_step(steps, y, 3400, after=500) == pytest.approx(3400)
+    # with sampling noise at 1,024 probe items: within one evaluation interval of the jump on every draw
+    rng = np.random.default_rng(1)
+    tol = curves.binomial_rise_tolerance(1024)
+    found = [curves.stage_half_way_step(steps, noisy(y, 1024, rng), 5350, after=500, tolerance=tol, pause=500)
+             for _ in range(11)]
+    assert all(abs(f - 5350) <= 50 for f in found), found  # stated tolerance: half an evaluation interval
+
+
+def test_a_measure_that_does_not_rise_at_the_event_is_timed_where_it_rose():
+    steps = np.arange(0, 40001, 100)
+    ramp = np.interp(steps, [0, 40000], [0.0, 1.0])  # no stage: a slow ramp over the run
+    assert curves.stage_half_way_step(steps, ramp, 5350, tolerance=0.02, pause=500) == pytest.approx(20000)
+    early = np.interp(steps, [2000, 3000], [0.2, 0.9])  # done before the event, flat through it
+    assert curves.stage_half_way_step(steps, early, 9000, tolerance=0.01) == pytest.approx(2500)
+    # an exact measure (tolerance 0) has no pause: its one stage is the whole change
+    sig = sigmoid(steps, 12000, 800)
+    assert curves.stage_half_way_step(steps, sig, 5350) == pytest.approx(curves.half_way_step(steps, sig))
+    assert math.isnan(curves.stage_half_way_step(steps, sig, float("nan")))
+
+
+@pytest.mark.parametrize("n", [1500, 6000])  # the hard pools at cpu (3 x 500) and at full (3 x 2,000)
+def test_a_gradual_rise_is_placed_at_its_middle_within_a_stated_tolerance_on_every_draw(n):
+    """AA-3's refinement: a 2,000-step rise of 0.33 in windows of 2,000 steps. The steepest single window moves
+    with the draw over most of the ramp; the event step stays within 600 steps of the ramp's middle (15,000)."""
+    steps = np.arange(0, 40001, 100)
+    base = 0.5 + np.interp(steps, [14000, 16000], [0.0, 0.33])
+    rng = np.random.default_rng(0)
+    tol = curves.binomial_rise_tolerance(n)
+    found = [curves.steepest_rise(steps, noisy(base, n, rng), 2000, after=7000, tolerance=tol)[0] for _ in range(30)]
+    assert all(abs(f - 15000) <= 600 for f in found), (min(found), max(found))

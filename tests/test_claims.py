@@ -348,3 +348,60 @@ def test_scorecard_page_puts_the_verdict_first(runs_dir):
     header = md[md.index("<thead>"):md.index("</thead>")]
     assert header.index("Claim") < header.index("Status") < header.index("Paper") < header.index("Measured")
     assert "<details>" in md and "cb-summary" in md
+
+
+# ---------------------------------------------------------------- values with a sampling interval
+def test_a_rule_reads_the_whole_sampling_interval():
+    v = {"a": 0.91, "lag": 0.95, "s": [0.92, 0.95, 0.88]}
+    iv = {"a": [0.885, 0.935], "lag": [0.90, 1.01], "s": [[0.90, 0.94], [0.93, 0.97], [0.86, 0.90]]}
+    assert claims.rule_verdict("a >= 0.9", v) == "pass"  # no interval: the value as it is
+    assert claims.rule_verdict("a >= 0.9", v, iv) == "straddles"
+    assert claims.rule_verdict("a >= 0.88", v, iv) == "pass" and claims.rule_verdict("a >= 0.94", v, iv) == "fail"
+    assert claims.rule_verdict("lag <= 1", v, iv) == "straddles" and claims.rule_verdict("lag <= 1.1", v, iv) == "pass"
+    assert claims.rule_verdict("a in [0.88, 0.94]", v, iv) == "pass"
+    assert claims.rule_verdict("a in [0.9, 0.94]", v, iv) == "straddles"
+    assert claims.rule_verdict("a in [0.95, 1]", v, iv) == "fail"
+    assert claims.rule_verdict("a within 0.91 +- 0.01", v, iv) == "straddles"
+    assert claims.rule_verdict("a == 0.91", v, iv) == "straddles" and claims.rule_verdict("a != 0.5", v, iv) == "pass"
+    # per seed: the median and the majority, at the worst and at the best point of every seed's interval
+    assert claims.rule_verdict("s >= 0.9", v, iv) == "pass"  # at worst 0.90, 0.93, 0.86: median and 2/3 pass
+    assert claims.rule_verdict("s >= 0.91", v, iv) == "straddles" and claims.rule_verdict("s >= 0.98", v, iv) == "fail"
+    assert claims.rule_verdict("s >= 0.85", v, iv) == "pass"
+
+
+def test_a_part_whose_interval_straddles_its_threshold_is_partial_and_says_so():
+    part = claims.Part("hard cases fixed", ["a >= 0.9"], ["a >= 0.7"])
+    v, whys = {"a": 0.91}, {}
+    assert claims._part_status(part, v, whys) == ("reproduced", "")
+    status, detail = claims._part_status(part, v, whys, {"a": [0.885, 0.935]})
+    assert status == "partial" and detail == "the sampling interval [0.885, 0.935] of a straddles the threshold"
+    assert claims._part_status(part, v, whys, {"a": [0.905, 0.92]}) == ("reproduced", "")
+    assert claims._part_status(part, {"a": 0.8}, whys, {"a": [0.78, 0.82]}) == ("partial", "")
+    assert claims._part_status(part, {"a": 0.6}, whys, {"a": [0.55, 0.65]}) == ("not reproduced", "")
+    status, detail = claims._part_status(part, {"a": 0.7}, whys, {"a": [0.65, 0.75]})
+    assert status == "partial" and "straddles" in detail  # between partial and not reproduced
+    seeds = claims._seed_agreement([part], {"a": [0.91, 0.95, 0.8]}, {"a": [[0.88, 0.93], [0.94, 0.96], [0.78, 0.82]]})
+    assert seeds == "2/3 seeds pass 'a >= 0.9' (1 with a sampling interval across the threshold)"
+
+
+def test_record_stores_a_checked_interval_beside_the_value(mini_book, runs_dir):
+    cb.load_params("demo", "01_make", "smoke")
+    claims.record("a", 0.91, interval=(0.885, 0.935))
+    claims.record("s", [0.5, float("nan")], interval=[(0.4, 0.6), (float("nan"), float("nan"))])
+    claims.record("b", 0.5)
+    values = context.current()["values"]
+    assert values["a"]["interval"] == [0.885, 0.935] and values["s"]["interval"][0] == [0.4, 0.6]
+    assert "interval" not in values["b"]
+    with pytest.raises(ValueError, match="must hold the value"):
+        claims.record("a", 0.95, interval=(0.885, 0.935))
+    with pytest.raises(ValueError, match="one \\(lo, hi\\) per seed"):
+        claims.record("s", [0.5, 0.6], interval=(0.4, 0.7))
+    with pytest.raises(ValueError, match="pair \\(lo, hi\\)"):
+        claims.record("a", 0.9, interval=(0.8,))
+    with pytest.raises(ValueError, match="text value has no interval"):
+        claims.record("t", "words", interval=(0, 1))
+
+
+def test_entry_intervals_reads_the_intervals_a_results_file_holds():
+    entries = {"a": {"value": 0.9, "run": None, "interval": [0.88, 0.92]}, "b": {"value": 1.0, "run": None}}
+    assert claims.entry_intervals(entries) == {"a": [0.88, 0.92]}

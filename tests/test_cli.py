@@ -82,3 +82,19 @@ def test_bad_input_is_refused_clearly_and_writes_nothing(args, needle, runs_dir,
     assert not runs_dir.exists(), "a refused command must not create the artifact store"
     after = sorted(p.name for p in build_dir.iterdir()) if build_dir.exists() else None
     assert before == after
+
+
+def test_scorecard_label_accepts_the_name_release_prints(runs_dir, capsys):
+    """`scorecard --label authors` is the `cpu+authors` that `release --label authors` printed; a NAME held at two
+    profiles is refused as ambiguous, naming both; an unknown one lists the labels there are."""
+    (runs_dir / "results" / "cpu+authors").mkdir(parents=True)
+    code, out, err = run_cli(["scorecard", "--label", "authors", "--json"], capsys)
+    assert code == 0, err
+    assert {r["label"] for r in json.loads(out)} == {"cpu+authors"}
+    (runs_dir / "results" / "full+authors").mkdir(parents=True)
+    code, _, err = run_cli(["scorecard", "--label", "authors"], capsys)
+    assert code != 0 and "--label authors is ambiguous: cpu+authors, full+authors" in err
+    code, out, err = run_cli(["scorecard", "--label", "authors", "--profile", "full", "--json"], capsys)
+    assert code == 0 and {r["label"] for r in json.loads(out)} == {"full+authors"}, err
+    code, _, err = run_cli(["scorecard", "--label", "nobody"], capsys)
+    assert code != 0 and "no results label PROFILE+nobody" in err and "cpu+authors" in err

@@ -444,7 +444,7 @@ def test_notebook_runs_are_planned_without_training(runs_dir):
     from circuitbook.training import planning
 
     expected = {"01_planted": [], "02_markov": ["algorithmic_cores/markov", "algorithmic_cores/markov_normal_init",
-                                                "algorithmic_cores/markov_book"],
+                                                "algorithmic_cores/markov_book", "algorithmic_cores/markov_survey"],
                 "03_grokking": ["algorithmic_cores/grokking", "algorithmic_cores/grokking_wd0"],
                 "04_delay_law": ["algorithmic_cores/omega_sweep", "algorithmic_cores/p_sweep_7",
                                  "algorithmic_cores/p_sweep_11", "algorithmic_cores/p_sweep_13"],
@@ -533,3 +533,34 @@ def test_agreement_pipeline_on_the_tiny_model():
     h = torch.randn(5, cores[1].dim)
     once = ace.apply_intervention(h, cores[1].Q.float(), cores[1].mu.float(), "flip")
     assert torch.allclose(ace.apply_intervention(once, cores[1].Q.float(), cores[1].mu.float(), "flip"), h, atol=1e-5)
+
+
+# ---------------------------------------------------------------- how often seeds agree (AC-2, AC-3 over many seeds)
+def _fake_core(basis, sigma):
+    return SimpleNamespace(rank=basis.shape[1], sigma=torch.tensor(sigma, dtype=torch.float64), basis=basis)
+
+
+def test_seed_survey_counts_ranks_shares_and_triples_with_known_answers():
+    from circuitbook.analysis.compare import projector_overlap
+    from circuitbook.experiments.algorithmic_cores.measure import SeedCore, random_triple_overlaps, seed_survey
+
+    eye = torch.eye(8, dtype=torch.float64)
+    # seeds 0, 1 share the subspace e0..e2, seed 2 is e3..e5, seed 3 (rank 4) e0..e3
+    bases = [eye[:, :3], eye[:, :3], eye[:, 3:6], eye[:, :4]]
+    cores = [SeedCore(seed=s, rank=b.shape[1], fourth_share=f, centred_rank=3, core=b)
+             for s, (b, f) in enumerate(zip(bases, [0.0005, 0.0008, 0.0009, 0.002]))]
+    out = seed_survey(cores, threshold=0.999, target_rank=3, dim=8, n_random=50)
+    assert out["n_seeds"] == 4 and out["share_at_rank"] == 0.75 and out["share_centred_at_rank"] == 1.0
+    assert out["share_fourth_counted"] == 0.25 and out["fourth_share_median"] == pytest.approx(0.00085)
+    assert out["n_triples"] == 4 and out["share_triples_at_rank"] == 0.25  # only (0, 1, 2)
+    o = {(i, j): projector_overlap(bases[i], bases[j]) for i in range(4) for j in range(i + 1, 4)}
+    assert o[(0, 1)] == pytest.approx(1.0) and o[(0, 2)] == pytest.approx(0.0)
+    means = sorted(np.mean([o[a], o[b], o[c]]) for a, b, c in
+                   [((0, 1), (0, 2), (1, 2)), ((0, 1), (0, 3), (1, 3)), ((0, 2), (0, 3), (2, 3)),
+                    ((1, 2), (1, 3), (2, 3))])
+    assert out["triple_overlap_median"] == pytest.approx(np.median(means))
+    assert out["share_triples_low_overlap"] == 0.0
+    # random 3-dimensional subspaces of R^64: mean overlap about 3/64 (the chapter's baseline)
+    assert np.median(random_triple_overlaps(64, 3, 400)) == pytest.approx(3 / 64, rel=0.15)
+    with pytest.raises(ValueError, match="at least 3 seeds"):
+        seed_survey(cores[:2], 0.999, 3, 8)

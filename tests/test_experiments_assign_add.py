@@ -157,7 +157,8 @@ def test_hard_final_accuracy_is_the_weakest_pool():
 def test_transition_and_stage_checkpoints():
     run = SimpleNamespace(checkpoint_steps=lambda: [0, 250, 500, 750, 1000])
     ph = ea.Phases(addition_step=100, variable_step=600, var_half_step=550, zero_at_var_half=1.0, jump_from=100,
-                   jump_step=500, jump_rise=0.8, jump_share=0.9, qk_step=500, bound_step=500, routing_step=300,
+                   jump_step=500, jump_rise=0.8, jump_share=0.9, qk_step=500, bound_step=500, bound_lo=500, bound_hi=500,
+                   routing_step=300,
                    refine_step=float("nan"), refine_rise=0.0, window=100)
     assert ea.transition_checkpoints(run, ph) == {"init": 0, "before jump": 250, "after jump": 750, "final": 1000}
     assert ea.stage_checkpoint(run, ph) == 250
@@ -643,3 +644,143 @@ def test_circuit_emergence_ignores_noise_before_the_rise():
     m.loc[m.step == 2100, "qk_identity"] = 0.2
     ph = ea.detect_phases(m, window=1000)
     assert ph.qk_step == pytest.approx(5600) and ph.jump_step == pytest.approx(5600)
+
+
+def release_like_metrics(rng, pool_size=2000, probe_size=512):
+    """The authors' run as issue 37 describes it, measured on `pool_size` sequences per pool and `probe_size`
+    per probe type (binomial draws): addition by step 600; the variable accuracy on the E[1/k] plateau, a jump
+    5,301 -> 5,401, then a creep; the hard pools rise with the jump and once more at 14,000-16,000; the bound
+    value's lead rises 57% of its way at 2,500-4,300 (with the previous-token head) and the rest at the jump."""
+    s = np.arange(1, 40002, 100)
+    df = pd.DataFrame({"step": s, "member": 0, "seed": -1})
+
+    def drawn(p, n):
+        return rng.binomial(n, np.clip(p, 0, 1)) / n
+
+    df["acc_zero_var_train"] = drawn(ramp(s, 100, 600, 0.02, 1.0), pool_size)
+    var = ramp(s, 200, 700, 0.02, 0.41) + np.where(s >= 5401, 0.5, 0.0) + ramp(s, 5401, 20000, 0.0, 0.09)
+    for p in ea.VAR_POOLS:
+        df[f"acc_{p}"] = drawn(var, pool_size)
+    hard = 0.3 * var + ramp(s, 5401, 7000, 0.0, 0.2) + ramp(s, 14000, 16000, 0.0, 0.33)
+    for p in ea.HARD_POOLS:
+        df[f"acc_{p}"] = drawn(hard, pool_size)
+    df["bound_over_values"] = drawn(np.where(s >= 5401, 0.968, ramp(s, 2500, 4300, 0.4, 0.755)), 2 * probe_size)
+    df["qk_identity"] = sigmoid_curve(s, 5500, 300) * 0.9
+    df["routing"] = ramp(s, 2500, 4300, 0.1, 0.95)
+    return df
+
+
+def sigmoid_curve(x, centre, width):
+    return 1 / (1 + np.exp(-(np.asarray(x, float) - centre) / width))
+
+
+@pytest.mark.parametrize("pool_size, probe_size", [(2000, 512), (500, 256)])
+def test_aa2_and_aa3_verdicts_do_not_move_between_draws_of_the_evaluation(pool_size, probe_size):
+    """Issue 37: on the authors' run the jump lay inside ~20 tied windows and the bound value's half-way step
+    in its earlier stage, so the draw of the pools decided AA-2 and AA-3. Over 11 draws here: the jump is the
+    jump (5,351), the bound value's stage at the jump is half-way within 100 steps of it, the refinement lies
+    in [12,000, 20,000], and AA-2's lags stay within one window on every draw."""
+    rng = np.random.default_rng(0)
+    for _ in range(11):
+        ph = ea.detect_phases(release_like_metrics(rng, pool_size, probe_size), window=2000, pool_size=pool_size,
+                              probe_size=probe_size)
+        assert ph.jump_step == pytest.approx(5351)
+        assert abs(ph.bound_step - ph.jump_step) <= 100 and abs(ph.qk_step - ph.jump_step) <= 2000
+        assert 12000 <= ph.refine_step <= 20000 and ph.refine_rise >= 0.2
+        assert ph.jump_share >= 0.5
+
+
+def test_without_the_sampling_error_the_draw_decided_the_jump_and_the_bound_stage():
+    """The rules before issue 37 on the same draws: the steepest window's centre moved over the tied windows,
+    and the half-way step of the bound value's whole change lay in its earlier stage, over a window away."""
+    rng = np.random.default_rng(0)
+    jumps = []
+    for _ in range(11):
+        m = release_like_metrics(rng)
+        first, _, _ = curves.steepest_region(m.step, m[[f"acc_{p}" for p in ea.VAR_POOLS]].mean(axis=1), 2000,
+                                             after=600)
+        jumps.append(first + 1000)
+        whole = curves.half_way_step(m.step[m.step >= 600], m.bound_over_values[m.step >= 600])
+        assert abs(whole - 5351) > 1000
+    assert max(jumps) - min(jumps) >= 500
+
+
+def test_phase_tolerances_follow_the_sequences_behind_each_point():
+    tol = ea.phase_tolerances(2000, 512)
+    assert tol["variable"] == pytest.approx(curves.binomial_rise_tolerance(4000))
+    assert tol["hard"] == pytest.approx(curves.binomial_rise_tolerance(6000))
+    assert tol["bound_over_values"] == pytest.approx(curves.binomial_rise_tolerance(1024))
+    assert ea.phase_tolerances(None, None) == {"variable": 0.0, "hard": 0.0, "bound_over_values": 0.0}
+    cfg = SimpleNamespace(pool_size=500, probe_size=256, get=lambda k, d=None: None)
+    assert ea.phase_settings(cfg) == {"window": None, "pool_size": 500, "probe_size": 256}
+
+
+def test_phase_intervals_hold_the_values_and_widen_with_fewer_sequences():
+    rng = np.random.default_rng(3)
+    metrics = release_like_metrics(rng, 500, 256)
+    wide = ea.phase_intervals(ea.phases_table(metrics, 2000, 500, 256), metrics, 500, 256)
+    narrow = ea.phase_intervals(ea.phases_table(metrics, 2000, 500, 256), metrics, 5000, 2560)
+    rec = ea.phase_records(ea.phases_table(metrics, 2000, 500, 256), metrics)
+    for key in ("aa2_bound_lag_windows", "aa2_jump_share", "aa3_hard_final_min_acc"):
+        (lo, hi), value = wide[key][0], rec[key][0][0]
+        assert lo <= value <= hi, key
+        assert narrow[key][0][1] - narrow[key][0][0] <= hi - lo, key
+    # the hard pools' final accuracies: the lowest Wilson interval ends at 500 sequences
+    last = metrics[metrics.step == metrics.step.max()].iloc[0]
+    ends = [curves.binomial_interval(last[f"acc_{p}"], 500) for p in ea.HARD_POOLS]
+    assert wide["aa3_hard_final_min_acc"][0] == [min(e[0] for e in ends), min(e[1] for e in ends)]
+    assert ea.phase_intervals(ea.phases_table(metrics, 2000), metrics, None, None) == {}
+
+
+def test_binomial_interval_is_the_wilson_interval():
+    lo, hi = curves.binomial_interval(0.9, 500)
+    z, n, p = 2.0, 500, 0.9
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert (lo, hi) == (pytest.approx(centre - half), pytest.approx(centre + half))
+    assert curves.binomial_interval(1.0, 500)[1] == 1.0 and curves.binomial_interval(1.0, 500)[0] < 1.0
+
+
+def test_a_released_run_is_shown_as_the_release_not_as_the_books_training(tmp_path):
+    released_run(tmp_path / "release", steps=(1, 101, 201))
+    torch.save(cb.ToyTransformer(TINY, seed=9).state_dict(), tmp_path / "release" / "model_state_dict.pth")
+    base = dict(pool_size=2000, probe_size=512, eval_seed=1, pair_split="authors", profile="cpu", d_model=128,
+                d_mlp=512, steps=10000, batch_size=256, lr=0.002, weight_decay=0.02, seeds=[42], eval_every=100)
+    table = ea.run_settings(params(checkpoint_path=str(tmp_path / "release"), **base))
+    shown = table.iloc[:, 0].to_dict()
+    assert table.columns.tolist() == ["released run"]
+    assert shown["release"] == "release" and shown["step checkpoints"] == "3" and shown["checkpoint steps"] == "1 to 201"
+    assert shown["final model"].startswith("model_state_dict.pth, step 300 (assumed")
+    assert shown["pair_split"] == "authors" and shown["pool_size"] == "2000" and shown["probe_size"] == "512"
+    assert not {"lr", "batch_size", "steps", "seeds", "d_model"} & set(shown)  # the book's training: not the release's
+    book = ea.run_settings(params(checkpoint_path=None, **base))
+    assert book.loc["lr", "cpu"] == 0.002 and book.loc["probe_size", "cpu"] == 512
+    assert ea.member_label(-1) == "the release" and ea.member_label(42) == "seed 42"
+
+
+def test_signal_to_noise_of_parts_with_a_known_signal_and_noise():
+    from circuitbook.analysis.baselines import signal_to_noise
+
+    gen = torch.Generator().manual_seed(0)
+    signal = torch.zeros(12, 12, dtype=torch.float64)
+    signal.fill_diagonal_(1.0)
+    sigma, k = 0.5, 16
+    parts = [signal + sigma * torch.randn(12, 12, generator=gen, dtype=torch.float64) for _ in range(k)]
+    mean, snr = signal_to_noise(parts)
+    # ||signal|| = sqrt(12); the standard error of the mean is sigma / sqrt(k) per entry: 12 sigma / sqrt(k) in norm
+    assert snr == pytest.approx(math.sqrt(12) / (12 * sigma / math.sqrt(k)), rel=0.25)
+    assert torch.allclose(mean, torch.stack(parts).mean(0))
+    noise_only = [sigma * torch.randn(12, 12, generator=gen, dtype=torch.float64) for _ in range(k)]
+    assert signal_to_noise(noise_only)[1] == pytest.approx(1.0, abs=0.3)  # pure noise: about 1
+    with pytest.raises(ValueError, match="at least 2 parts"):
+        signal_to_noise(parts[:1])
+
+
+def test_qk_gradient_block_is_the_whole_batch_gradient_with_its_noise_ratio():
+    model = cb.ToyTransformer(TINY, seed=3)
+    batch = TASK.train_batch(0, 64, 5)
+    grad, block, snr = ea.qk_gradient_block(model, batch.tokens, batch.labels, TASK, parts=4)
+    torch.testing.assert_close(grad, ea.qk_gradient(model, batch.tokens, batch.labels)[0])
+    torch.testing.assert_close(block, ea.variable_block(ea.qk_in_basis(grad, model, TASK)[0], TASK))
+    assert snr > 0 and math.isfinite(snr)
+    with pytest.raises(ValueError, match="cannot be split"):
+        ea.qk_gradient_block(model, batch.tokens[:3], batch.labels[:3], TASK, parts=4)

@@ -318,3 +318,60 @@ def test_pytorch_init_is_seeded_and_leaves_the_normal_init_unchanged():
 def test_bad_init_names_the_field_and_the_allowed_values(bad, field):
     with pytest.raises(ValueError, match=f"{field}.*expected"):
         ToyConfig(d_vocab=4, n_ctx=3, d_model=8, **bad)
+
+
+# ---------------------------------------------------------------- the authors' models, value for value
+def _authors_model(cfg, seed, n_layers=None):
+    """The authors' model built from PyTorch's own modules in their order (PAPERS.md, algorithmic_cores, "The
+    order of draws"): torch.manual_seed(seed), then nn.Embedding(V, d), nn.Embedding(64, d) (the model uses the
+    first n_ctx rows), one nn.TransformerEncoderLayer per layer (post-LN, dropout 0.1), nn.Linear(d, V).
+    Returned in the book's TransformerLens layout ([in, out] weights, per-head Q/K/V/O)."""
+    torch.manual_seed(seed)
+    d, h, e, n = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.n_ctx
+    tok, pos = torch.nn.Embedding(cfg.d_vocab, d), torch.nn.Embedding(64, d)
+    layers = [torch.nn.TransformerEncoderLayer(d, h, cfg.d_mlp, dropout=0.1, batch_first=True, norm_first=False)
+              for _ in range(cfg.n_layers)]
+    readout = torch.nn.Linear(d, cfg.out_dim)
+    out = {"embed.W_E": tok.weight, "pos_embed.W_pos": pos.weight[:n],
+           "unembed.W_U": readout.weight.T, "unembed.b_U": readout.bias}
+    for i, layer in enumerate(layers):
+        a = layer.self_attn
+        heads = [w.reshape(h, e, d).transpose(1, 2) for w in a.in_proj_weight.split(h * e)]
+        biases = [b.reshape(h, e) for b in a.in_proj_bias.split(h * e)]
+        out.update({f"blocks.{i}.attn.{name}": w for name, w in zip(("W_Q", "W_K", "W_V"), heads)})
+        out.update({f"blocks.{i}.attn.{name}": b for name, b in zip(("b_Q", "b_K", "b_V"), biases)})
+        out.update({f"blocks.{i}.attn.W_O": a.out_proj.weight.T.reshape(h, e, d),
+                    f"blocks.{i}.attn.b_O": a.out_proj.bias,
+                    f"blocks.{i}.mlp.W_in": layer.linear1.weight.T, f"blocks.{i}.mlp.b_in": layer.linear1.bias,
+                    f"blocks.{i}.mlp.W_out": layer.linear2.weight.T, f"blocks.{i}.mlp.b_out": layer.linear2.bias,
+                    f"blocks.{i}.ln1.w": layer.norm1.weight, f"blocks.{i}.ln1.b": layer.norm1.bias,
+                    f"blocks.{i}.ln2.w": layer.norm2.weight, f"blocks.{i}.ln2.b": layer.norm2.bias})
+    return {k: v.detach() for k, v in out.items()}
+
+
+# The papers' configurations: the Markov model (4 states, 31 positions read, d 64, 4 heads, FF 256) and the
+# grokking model (p = 53, input `a b`, two layers, d 128, 4 heads, FF 512), as the chapter builds them.
+MARKOV_PAPER = ToyConfig(d_vocab=4, n_ctx=31, d_model=64, n_layers=1, n_heads=4, d_mlp=256, normalization="postLN",
+                         dropout=0.1, init="pytorch")
+GROKKING_PAPER = ToyConfig(d_vocab=53, n_ctx=2, d_model=128, n_layers=2, n_heads=4, d_mlp=512, d_vocab_out=53,
+                           normalization="postLN", dropout=0.1, init="pytorch")
+
+
+@pytest.mark.parametrize("cfg", [MARKOV_PAPER, GROKKING_PAPER], ids=["markov", "grokking"])
+@pytest.mark.parametrize("seed", [0, 100, 200])
+def test_pytorch_init_gives_the_authors_initial_weights_bit_for_bit(cfg, seed):
+    theirs = _authors_model(cfg, seed)
+    torch.manual_seed(12345)  # whatever the global generator holds, the book's draw does not read it
+    torch.rand(7)
+    ours = {k: v.detach() for k, v in ToyTransformer(cfg, seed=seed).named_parameters()}
+    assert set(ours) == set(theirs)
+    for name, value in theirs.items():
+        assert torch.equal(ours[name], value), name
+
+
+def test_pytorch_init_leaves_the_global_generator_where_it_was():
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    ToyTransformer(MARKOV_PAPER, seed=0)
+    assert torch.equal(torch.rand(3), expected)

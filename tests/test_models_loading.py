@@ -176,19 +176,20 @@ def test_step_checkpoints_refuses_ambiguous_directories(tmp_path):
 
 
 def test_a_release_folder_holds_its_final_model_as_the_last_checkpoint(tmp_path):
-    """The authors' layout: step files plus `model_state_dict.pth` (no step), the final model. It is
-    the run's last checkpoint, one checkpoint interval after the last step file, unless it is that file."""
+    """The authors' layout: step files plus `model_state_dict.pth` (no step), the final model. It is the run's
+    last checkpoint, at the first multiple of the checkpoint interval after the last step file (a run of 400
+    steps checkpointed at 1, 101, ..., 301 ends at 400, not 401), said to be assumed; unless it is that file."""
     from circuitbook.models.loading import read_release, step_checkpoints
 
     for step in (1, 101, 201, 301):
         torch.save(tl_state_dict(mlp_layers=(1,), seed=step), tmp_path / f"checkpoint_step_{step}.pth")
     torch.save(tl_state_dict(mlp_layers=(1,), seed=7), tmp_path / "model_state_dict.pth")
     found = step_checkpoints(tmp_path)
-    assert list(found) == [1, 101, 201, 301, 401] and found[401].name == "model_state_dict.pth"
+    assert list(found) == [1, 101, 201, 301, 400] and found[400].name == "model_state_dict.pth"
     release = read_release(tmp_path)
-    assert release.final == tmp_path / "model_state_dict.pth" and release.final_step == 401
+    assert release.final == tmp_path / "model_state_dict.pth" and release.final_step == 400
     assert release.n_step_files == 4 and "model_state_dict.pth" in release.describe()
-    assert "steps 1-301" in release.describe() and "401" in release.describe()
+    assert "steps 1-301" in release.describe() and "placed at step 400, assumed" in release.describe()
     # a final model equal to the last step file is that checkpoint, not a step of its own
     torch.save(tl_state_dict(mlp_layers=(1,), seed=301), tmp_path / "model_state_dict.pth")
     again = read_release(tmp_path)
@@ -209,3 +210,34 @@ def test_a_release_folder_refuses_what_it_cannot_order(tmp_path):
     torch.save(tl_state_dict(mlp_layers=(1,), seed=1), tmp_path / "final.pt")
     with pytest.raises(ValueError, match="'final.pt' and 'model_state_dict.pth' both carry no step"):
         step_checkpoints(tmp_path)
+
+
+def test_the_final_models_step_is_read_from_the_release_where_it_says_it(tmp_path):
+    """The authors' run trained 40,000 steps and checkpointed at 1, 101, ..., 39,901: the final model is at
+    40,000 (issue 37: it was placed at 40,001). A training config beside the checkpoints gives the step; else
+    it is the first multiple of the interval after the last step file, said to be assumed."""
+    import json
+
+    from circuitbook.models.loading import final_model_step, read_release
+
+    assert final_model_step([1, 101, 39901], tmp_path) == (40000, "assumed: the first multiple of the checkpoint "
+                                                            "interval (100) after the last step file")
+    assert final_model_step([0, 100, 39900], tmp_path)[0] == 40000
+    assert final_model_step([5], tmp_path)[0] == 6  # one step file: an interval of 1
+    (tmp_path / "training_config.json").write_text(json.dumps({"optim": {"lr": 1e-3}, "num_steps": 40000}))
+    assert final_model_step([1, 101, 39901], tmp_path) == (40000, "read from training_config.json (num_steps)")
+    (tmp_path / "training_config.json").write_text(json.dumps({"max_steps": 35000}))
+    assert final_model_step([1, 101, 201], tmp_path) == (35000, "read from training_config.json (max_steps)")
+    # a config step that is not after the last step file is not the final model's: refused by name
+    with pytest.raises(ValueError, match="training_config.json.*max_steps 35000.*not after the last step file 39901"):
+        final_model_step([1, 39901], tmp_path)
+    (tmp_path / "training_config.json").write_text(json.dumps({"steps": 400, "total_steps": 500}))
+    with pytest.raises(ValueError, match="disagree"):
+        final_model_step([1, 101], tmp_path)
+    (tmp_path / "training_config.json").unlink()
+    for step in (1, 101, 201, 301):
+        torch.save(tl_state_dict(mlp_layers=(1,), seed=step), tmp_path / f"checkpoint_step_{step}.pth")
+    torch.save(tl_state_dict(mlp_layers=(1,), seed=7), tmp_path / "model_state_dict.pth")
+    (tmp_path / "config.json").write_text(json.dumps({"n_steps": 350}))
+    release = read_release(tmp_path)
+    assert release.final_step == 350 and "placed at step 350, read from config.json (n_steps)" in release.describe()

@@ -49,12 +49,23 @@ def test_the_failed_part_names_its_rule_and_the_measured_value():
         ("accuracy", "reproduced", ""), ("timing", "not measured", "no jump detected")]), CLAIM, LABELS, {})
     assert unmeasured == ["timing: not measured (no jump detected)"]
     assert presentation.failed_parts(row("reproduced", [("accuracy", "reproduced", "")]), CLAIM, LABELS, {}) == []
+    straddle = "the sampling interval [0.88, 0.93] of acc straddles the threshold"
+    failed = presentation.failed_parts(row("partial", [("accuracy", "partial", straddle)]), CLAIM, LABELS,
+                                       {"acc": 0.91})
+    assert failed == [f"accuracy: needs held-out accuracy >= 0.9; measured 0.91; {straddle}"]
 
 
 def test_measured_items_label_every_key_and_fold_the_seeds():
     items = presentation.measured_items(CLAIM, LABELS, {"acc": [0.7, 0.8, 0.9], "jump": 5300.0})
-    assert items == [{"key": "acc", "label": "held-out accuracy", "value": "0.8", "seeds": "0.7, 0.8, 0.9"},
-                     {"key": "jump", "label": "step of the jump", "value": "5,300 steps", "seeds": ""}]
+    assert items == [{"key": "acc", "label": "held-out accuracy", "value": "0.8", "seeds": "0.7, 0.8, 0.9",
+                      "interval": ""},
+                     {"key": "jump", "label": "step of the jump", "value": "5,300 steps", "seeds": "", "interval": ""}]
+
+
+def test_measured_items_show_the_sampling_interval_where_one_was_recorded():
+    items = presentation.measured_items(CLAIM, LABELS, {"acc": [0.7, 0.8], "jump": 5300.0},
+                                        {"acc": [[0.65, 0.75], [0.78, 0.82]], "jump": [5251.0, 5351.0]})
+    assert items[0]["interval"] == "[0.65, 0.75], [0.78, 0.82]" and items[1]["interval"] == "[5,251, 5,351]"
 
 
 def test_every_key_a_row_shows_needs_a_label(mini_book):

@@ -38,7 +38,7 @@ def test_release_judges_a_synthetic_release_under_one_label(tmp_path, runs_dir, 
     for claim, row in rows.items():
         assert not row["status"].startswith(("not run", "stale")), (claim, row["status"])
         assert row["release"].startswith(f"aa_release ({folder.resolve()}): 3 step checkpoints (steps 1-41) and the "
-                                         f"final model model_state_dict.pth (placed at step 61"), row["release"]
+                                         f"final model model_state_dict.pth (placed at step 60, assumed"), row["release"]
         assert "'authors' pair split" in row["release"]
         # the book's training knobs and its deviation texts do not describe a release; the evaluation's do
         assert not any(d.startswith(("steps", "batch_size", "lr ", "seeds", "cooldown", "d_model", "sweep"))
@@ -47,7 +47,7 @@ def test_release_judges_a_synthetic_release_under_one_label(tmp_path, runs_dir, 
     for claim in ("AA-6", "AA-7"):  # the book's sweeps are not trained for a release
         assert rows[claim]["status"].startswith("not measured: a released run has no f or r sweep"), rows[claim]
     assert "every checkpoint evaluated" in rows["AA-2"]["release"]
-    assert "the model at step 61 analysed" in rows["AA-5"]["release"]
+    assert "the model at step 60 analysed" in rows["AA-5"]["release"]
     for claim in ("AA-2", "AA-3"):  # a release is at the paper's pace: no "not the paper's at this pace"
         assert "pace" not in rows[claim]["status"], rows[claim]["status"]
 
@@ -94,3 +94,23 @@ def test_bad_release_input_is_refused_before_compute(tmp_path, runs_dir, capsys)
         code, _, err = cli(args + ["--profile", "smoke"] if len(args) > 2 else args, capsys)
         assert code != 0 and needle in err, (args, err)
     assert not runs_dir.exists(), "a refused release must not create the artifact store"
+
+
+@pytest.mark.slow
+def test_rerunning_a_release_uses_its_cached_executions_until_the_folder_changes(tmp_path, runs_dir, monkeypatch):
+    folder = synthetic_release(tmp_path / "cached")
+    logs = []
+    label, done, failures = build.release("assign_add", str(folder), "smoke", {"pair_split": "authors"},
+                                          label="again", log=logs.append)
+    assert not failures and len(done) == 4, failures
+    executed = []
+    real = build.run_one
+    monkeypatch.setattr(build, "run_one", lambda nb, *a, **k: executed.append(nb) or real(nb, *a, **k))
+    logs.clear()
+    assert build.release("assign_add", str(folder), "smoke", {"pair_split": "authors"}, label="again",
+                         log=logs.append)[1] == done
+    assert executed == [] and sum("unchanged since its last execution under smoke+again" in m for m in logs) == 4
+    # another file content in the release folder: its content hash changes, every notebook executes again
+    torch.save(cb.ToyTransformer(TINY, seed=5).state_dict(), folder / "checkpoint_step_41.pth")
+    build.release("assign_add", str(folder), "smoke", {"pair_split": "authors"}, label="again", log=logs.append)
+    assert len(executed) == 4

@@ -514,7 +514,8 @@ def release(chapter: str, path: str, profile: str, overrides: dict, label: str |
     Everything is checked before any compute: the chapter reads releases, `path` exists and is a
     readable release (a folder of step checkpoints, `models.loading.read_release`, or one state
     dict), every override is a parameter of some notebook that reads it. A single file skips the
-    notebooks that need a training history (`release.history`), saying so.
+    notebooks that need a training history (`release.history`), saying so. Rerunning it with the same
+    folder (same content) and overrides reuses each notebook's verified cached execution under the label.
     """
     from .models.loading import read_release, read_state_dict
 
@@ -564,6 +565,9 @@ def release(chapter: str, path: str, profile: str, overrides: dict, label: str |
         log(f"{chapter}/{nb}: skipped, it reads a training history and {target.name} is one checkpoint")
     done, failures = [], []
     for nb, nb_overrides in todo:
+        if _release_cached(chapter, nb, profile, nb_overrides, full, log):
+            done.append(nb)
+            continue
         try:
             run_one(f"{chapter}/{nb}", profile, nb_overrides, log=log, label=label)
             done.append(nb)
@@ -610,6 +614,20 @@ def check_pair_file(overrides: dict, where: str) -> None:
                 else f"{at.group(0)} repeats a pair"
         raise params.ParameterError(f"{where}: -p pair_split {value!r} is not a file of training pairs ({detail}); "
                                     f"{PAIR_SPLIT_FORMS}") from None
+
+
+def _release_cached(chapter: str, name: str, profile: str, overrides: dict, label: str, log) -> bool:
+    """Whether `release` may reuse the execution of chapter/name it recorded under `label` before: the
+    build's cache record verifies (`cached_execution`) for the same inputs - the notebook, its parameters
+    (the release's path among them), the library, and the content of every file and folder a parameter
+    names, so the release folder's content hash: an edited release executes again."""
+    nb = _find_notebook(f"{chapter}/{name}", repo_root())
+    nb.inputs = book.notebook_inputs(chapter, name, profile, params.absolute_paths(chapter, name, overrides))
+    nb.input_hash = book.inputs_hash(nb.inputs)
+    if not cached_execution(label, nb, log):
+        return False
+    log(f"{chapter}/{name}: unchanged since its last execution under {label}: cached ({executed_path(label, nb)})")
+    return True
 
 
 def _find_notebook(notebook: str, root: Path) -> Notebook:

@@ -80,11 +80,14 @@ def _plain_number(value) -> float:
                     f"scalar; got {type(value).__name__}")
 
 
-def record(key: str, value, *, run=_AUTO, why: str | None = None, display: bool = False):
+def record(key: str, value, *, run=_AUTO, why: str | None = None, display: bool = False, interval=None):
     """Glue `value` under `key` for the text and write it to this notebook's results.
 
     value: a number, a str, or a list of numbers (one per seed: the scorecard judges the median).
     A NaN value means "could not be measured": say why (`why="no jump detected"`).
+    interval: the value's sampling interval (lo, hi) where the draw of the evaluation (its probes, its
+    pools) could move it across a rule's threshold; for a list, one (lo, hi) per seed. The rules read
+    the whole interval (`rule_verdict`); it is stored as `interval: [lo, hi]` beside the value.
     run: the Run (or run key) the value measured, a list of them for a value computed from several
     runs, None for a value that comes from no training run. It may be left out only when the
     notebook used at most one run.
@@ -94,6 +97,7 @@ def record(key: str, value, *, run=_AUTO, why: str | None = None, display: bool 
     value = _plain(value)
     if why is not None and not isinstance(why, str):
         raise TypeError(f"record(): why must be a str, got {type(why).__name__}")
+    interval = _plain_interval(key, value, interval)
     ctx = context.current()
     if run is _AUTO:
         used = ctx["runs"] if ctx else []
@@ -108,9 +112,58 @@ def record(key: str, value, *, run=_AUTO, why: str | None = None, display: bool 
             raise ValueError(f"record({key!r}): run=[] names no run; pass run=None for a value from no run")
     else:
         run_key = _run_key(key, run)
-    context.set_value(key, value, run_key, why)
+    context.set_value(key, value, run_key, why, interval=interval)
     _glue(key, value, display)
+    if interval is not None:  # the text can quote it: `<key>_interval`
+        _glue_text(f"{key}_interval", _fmt_interval(interval))
     return value
+
+
+def _plain_interval(key: str, value, interval):
+    """interval checked against value: [lo, hi] with lo <= value <= hi (NaN where the value is NaN), or
+    one such pair per seed of a list value; None stays None."""
+    if interval is None:
+        return None
+    if isinstance(value, str):
+        raise ValueError(f"record({key!r}): a text value has no interval")
+    if isinstance(value, list):
+        if (not isinstance(interval, (list, tuple)) or len(interval) != len(value)
+                or not all(isinstance(i, (list, tuple)) for i in interval)):
+            raise ValueError(f"record({key!r}): a list of {len(value)} values needs one (lo, hi) per seed as its "
+                             f"interval, got {interval!r}")
+        return [_one_interval(key, v, i) for v, i in zip(value, interval)]
+    return _one_interval(key, value, interval)
+
+
+def _one_interval(key: str, value: float, interval) -> list[float]:
+    try:
+        lo, hi = (_plain_number(x) for x in interval)
+    except (TypeError, ValueError):
+        raise ValueError(f"record({key!r}): interval must be a pair (lo, hi) of numbers, got {interval!r}") from None
+    if math.isnan(value):
+        return [lo, hi]
+    if math.isnan(lo) or math.isnan(hi) or not lo <= value <= hi:
+        raise ValueError(f"record({key!r}): the interval [{lo:g}, {hi:g}] must hold the value {value:g} "
+                         "(lo <= value <= hi)")
+    return [lo, hi]
+
+
+def _fmt_interval(interval) -> str:
+    if interval and isinstance(interval[0], list):
+        return ", ".join(_fmt_interval(i) for i in interval)
+    return f"[{_fmt(interval[0])}, {_fmt(interval[1])}]"
+
+
+def _glue_text(key: str, text: str) -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    if get_ipython() is None:
+        return
+    from myst_nb import glue
+
+    glue(key, text, display=False)
 
 
 def _run_key(key: str, run) -> str | None:
@@ -188,6 +241,64 @@ def rule_holds(rule: str, values: dict) -> bool:
     if isinstance(x, list):
         return _holds(r, _median(x)) and 2 * sum(_holds(r, v) for v in x) > len(x)
     return _holds(r, x)
+
+
+def _extreme(r: dict, value: float, interval, worst: bool) -> float:
+    """The point of a value's sampling interval [lo, hi] least (worst=True) or most favourable to rule r.
+    Without an interval (or for a NaN value), the value itself."""
+    if interval is None or math.isnan(value):
+        return value
+    lo, hi = interval
+    if "op" in r:
+        y, op = r["num"], r["op"]
+        if op in (">=", ">"):
+            return lo if worst else hi
+        if op in ("<=", "<"):
+            return hi if worst else lo
+        inside = lo <= y <= hi
+        other = lo if lo != y else hi  # a point of the interval that is not y (y itself if lo == hi == y)
+        if op == "==":
+            return other if worst else (y if inside else lo)
+        return (y if inside else lo) if worst else other
+    a, b = (r["lo"], r["hi"]) if "lo" in r else (r["center"] - r["tol"], r["center"] + r["tol"])
+    if worst:  # an end outside [a, b] if there is one (inside, every point passes)
+        return lo if lo < a else hi
+    return min(max((a + b) / 2, lo), hi)
+
+
+def _at_extremes(r: dict, values: dict, intervals: dict, worst: bool) -> dict:
+    x, i = values[r["key"]], intervals.get(r["key"])
+    if i is None or isinstance(x, str):
+        return values
+    x = [_extreme(r, v, iv, worst) for v, iv in zip(x, i)] if isinstance(x, list) else _extreme(r, x, i, worst)
+    return {**values, r["key"]: x}
+
+
+def rule_verdict(rule: str, values: dict, intervals: dict | None = None) -> str:
+    """"pass", "fail" or "straddles": the rule read over the whole sampling interval of its key's value
+    (`record(..., interval=...)`; per seed for a list). It passes only when it holds at every point of the
+    interval(s), fails when it holds at none, and otherwise the interval straddles the threshold. A value
+    without an interval is read as it is (pass or fail)."""
+    r = parse_rule(rule)
+    intervals = intervals or {}
+    if rule_holds(rule, _at_extremes(r, values, intervals, worst=True)):
+        return "pass"
+    if not rule_holds(rule, _at_extremes(r, values, intervals, worst=False)):
+        return "fail"
+    return "straddles"
+
+
+def entry_intervals(entries: dict) -> dict:
+    """{key: [lo, hi] (or one per seed)} of a results file's entries recorded with a sampling interval: what
+    `_part_status` and `_seed_agreement` read beside the values."""
+    return {k: v["interval"] for k, v in entries.items() if isinstance(v, dict) and v.get("interval") is not None}
+
+
+def _straddle_detail(rules: list[str], values: dict, intervals: dict) -> str:
+    keys = list(dict.fromkeys(parse_rule(r)["key"] for r in rules
+                              if rule_verdict(r, values, intervals) == "straddles"))
+    return "; ".join(f"the sampling interval {_fmt_interval(intervals[k])} of {k} straddles the threshold"
+                     for k in keys)
 
 
 def rule_keys(rules: list[str]) -> list[str]:
@@ -321,30 +432,50 @@ def _is_nan(v) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
-def _part_status(part: Part, values: dict, whys: dict) -> tuple[str, str]:
-    """(status, detail) of one part: reproduced / partial / not reproduced / not measured."""
+def _part_status(part: Part, values: dict, whys: dict, intervals: dict | None = None) -> tuple[str, str]:
+    """(status, detail) of one part: reproduced / partial / not reproduced / not measured.
+
+    intervals: {key: [lo, hi] (or one per seed)} of the values recorded with their sampling interval: the
+    part is reproduced only when every rule passes over the whole interval, not reproduced when its
+    partial rules (else its rules) fail over the whole interval, and otherwise partial, saying which
+    interval straddles the threshold."""
+    intervals = intervals or {}
     unmeasured = [k for k in part.keys() if _is_nan(values[k])]
     if unmeasured:
         return "not measured", "; ".join(whys.get(k) or f"{k} could not be measured" for k in unmeasured)
     texts = [k for k in part.keys() if isinstance(values[k], str)]
     if texts:
         return "not reproduced", f"{', '.join(texts)} recorded as text, which no rule can judge"
-    if all(rule_holds(r, values) for r in part.reproduced_if):
+    verdicts = [rule_verdict(r, values, intervals) for r in part.reproduced_if]
+    if all(v == "pass" for v in verdicts):
         return "reproduced", ""
-    if part.partial_if and all(rule_holds(r, values) for r in part.partial_if):
+    if "fail" not in verdicts:
+        return "partial", _straddle_detail(part.reproduced_if, values, intervals)
+    looser = [rule_verdict(r, values, intervals) for r in part.partial_if]
+    if part.partial_if and all(v == "pass" for v in looser):
         return "partial", ""
+    if part.partial_if and "fail" not in looser:
+        return "partial", _straddle_detail(part.partial_if, values, intervals)
     return "not reproduced", ""
 
 
-def _seed_agreement(parts: list[Part], values: dict) -> str:
-    """For rules on per-seed values: how many seeds pass each rule on their own."""
+def _seed_agreement(parts: list[Part], values: dict, intervals: dict | None = None) -> str:
+    """For rules on per-seed values: how many seeds pass each rule on their own (and, for values recorded
+    with sampling intervals, how many seeds' intervals straddle its threshold)."""
+    intervals = intervals or {}
     out = []
     for part in parts:
         for rule in part.reproduced_if:
             r = parse_rule(rule)
             x = values.get(r["key"])
             if isinstance(x, list):
-                out.append(f"{sum(_holds(r, v) for v in x)}/{len(x)} seeds pass {rule!r}")
+                text = f"{sum(_holds(r, v) for v in x)}/{len(x)} seeds pass {rule!r}"
+                per_seed = intervals.get(r["key"])
+                if per_seed is not None:
+                    sure = sum(_holds(r, _extreme(r, v, i, True)) for v, i in zip(x, per_seed))
+                    never = sum(not _holds(r, _extreme(r, v, i, False)) for v, i in zip(x, per_seed))
+                    text += f" ({len(x) - sure - never} with a sampling interval across the threshold)"
+                out.append(text)
     return "; ".join(out)
 
 
@@ -422,8 +553,9 @@ def evaluate_claim(chapter: str, claim: dict, label: str) -> dict:
     missing = sorted(k for k in keys if k not in values)
     if missing:
         return {**row, "status": f"not run: {where} finished without recording {', '.join(missing)}"}
-    row["seeds"] = _seed_agreement(parts, values)
-    statuses = [(p.name, *_part_status(p, values, whys)) for p in parts]
+    intervals = entry_intervals(entries)
+    row["seeds"] = _seed_agreement(parts, values, intervals)
+    statuses = [(p.name, *_part_status(p, values, whys, intervals)) for p in parts]
     return {**row, "status": _combine(statuses), "parts": [{"name": n, "status": s, "detail": d}
                                                             for n, s, d in statuses]}
 

@@ -222,8 +222,30 @@ def cmd_params(a) -> int:
     return 0
 
 
+def resolve_label(label: str, profile: str | None) -> str:
+    """A results label as a user may type it: `PROFILE`, `PROFILE+NAME`, or NAME alone (what `release` and
+    `run --label NAME` print after the profile), resolved to the one `PROFILE+NAME` of the store (at
+    `profile`, when given); ambiguous or unknown names are refused with the labels there are."""
+    if "+" in label or label in params.PROFILES:
+        return label
+    try:
+        settings.check_label_name(label)
+    except settings.SettingError as e:
+        raise params.ParameterError(str(e)) from None
+    root = runs_root() / "results"
+    known = sorted(p.name for p in root.glob("*")) if root.is_dir() else []
+    matches = [k for k in known if k.partition("+")[2] == label and (profile is None or k.partition("+")[0] == profile)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise params.ParameterError(f"--label {label}: no results label {'PROFILE' if profile is None else profile}"
+                                    f"+{label} under {root}; labels: {', '.join(known) or '(none)'}")
+    raise params.ParameterError(f"--label {label} is ambiguous: {', '.join(matches)}; give one of them in full "
+                                "(or --profile)")
+
+
 def cmd_scorecard(a) -> int:
-    label = a.label
+    label = resolve_label(a.label, a.profile) if a.label is not None else None
     if label is not None:
         try:
             settings.check_label(label)

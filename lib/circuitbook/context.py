@@ -109,12 +109,14 @@ def note_release(name: str, path: str, evaluated: str) -> None:
             _write()
 
 
-def set_value(key: str, value, run_key: str | None, why: str | None = None) -> None:
+def set_value(key: str, value, run_key: str | None, why: str | None = None, interval=None) -> None:
     if _current is None:
         raise RuntimeError("record() needs a context: call circuitbook.load_params(...) first")
     entry = {"value": value, "run": run_key}
     if why:
         entry["why"] = why
+    if interval is not None:  # the value's sampling interval [lo, hi] (one per seed for a list): claims.record
+        entry["interval"] = interval
     _current["values"][key] = entry
     _write()
 
@@ -259,12 +261,20 @@ def entry_problem(key: str, entry) -> str | None:
     if entry.get("why") is not None and not isinstance(entry["why"], str):
         return f"a why of {key} that is not text"
     interval = entry.get("interval")
-    if interval is not None and not (isinstance(interval, list) and len(interval) == 2
-                                     and all(_number(v) for v in interval)
-                                     and (all(math.isnan(v) for v in interval)
-                                          or (not any(math.isnan(v) for v in interval) and interval[0] <= interval[1]))):
-        return f"an interval of {key} that is not two numbers [lo, hi] with lo <= hi"
+    if interval is None:
+        return None
+    per_seed = isinstance(value, list) and isinstance(interval, list) and len(interval) == len(value) \
+        and all(isinstance(i, list) for i in interval)
+    if not (all(_interval_ok(i) for i in interval) if per_seed else _interval_ok(interval)):
+        return (f"an interval of {key} that is not two numbers [lo, hi] with lo <= hi (one such pair per seed for a "
+                "list of values)")
     return None
+
+
+def _interval_ok(interval) -> bool:
+    return (isinstance(interval, list) and len(interval) == 2 and all(_number(v) for v in interval)
+            and (all(math.isnan(v) for v in interval)
+                 or (not any(math.isnan(v) for v in interval) and interval[0] <= interval[1])))
 
 
 def seal_stored(chapter: str, notebook: str, label: str, seconds: float) -> dict:

@@ -66,14 +66,22 @@ def _detail(r: dict, items_shown: list[dict]) -> str:
     return f"<details><summary>details</summary><dl class=\"cb-detail\">{body}</dl></details>"
 
 
+def _measured_item(m: dict) -> str:
+    """One labelled value of the Measured cell, with its sampling interval where one was recorded."""
+    seeds = " (median of seeds)" if m["seeds"] else ""
+    interval = f" (sampling interval {_e(m['interval'])})" if m.get("interval") else ""
+    return (f'<li><span class="cb-label">{_e(m["label"])}</span>: <span class="cb-value">{_e(m["value"])}</span>'
+            f"{seeds}{interval}</li>")
+
+
 def _measured_cell(r: dict) -> tuple[str, list[dict]]:
     """The Measured cell (labelled values, then what failed) and the entries it shows."""
     claim = next(c for c in claims.load_claims(r["chapter"])["claims"] if c["id"] == r["id"])
     labels = presentation.chapter_labels(r["chapter"])
     values = presentation.row_values(r) if r.get("measured") else {}
-    shown = presentation.measured_items(claim, labels, values)
-    cell = "".join(f'<li><span class="cb-label">{_e(m["label"])}</span>: <span class="cb-value">{_e(m["value"])}'
-                   f'</span>{" (median of seeds)" if m["seeds"] else ""}</li>' for m in shown)
+    intervals = presentation.row_intervals(r) if r.get("measured") else {}
+    shown = presentation.measured_items(claim, labels, values, intervals)
+    cell = "".join(_measured_item(m) for m in shown)
     cell = f'<ul class="cb-values">{cell}</ul>' if cell else "-"
     failed = presentation.failed_parts(r, claim, labels, values)
     if failed:

@@ -83,17 +83,34 @@ def with_unit(text: str, unit: str) -> str:
     return text if unit in ("", "fraction", "cosine", "R^2", "exponent") or text == "not measured" else f"{text} {unit}"
 
 
-def row_values(row: dict) -> dict:
-    """The values the row's notebook recorded (empty if it has none to show)."""
+def _row_entries(row: dict) -> dict:
     try:
         results = context.read_results(row["chapter"], row["notebook"], row["label"])
     except context.DamagedResultsError:
         return {}
-    return {k: v.get("value") for k, v in ((results or {}).get("values") or {}).items()}
+    return (results or {}).get("values") or {}
 
 
-def measured_items(claim: dict, labels: dict, values: dict) -> list[dict]:
-    """The Measured column's entries: label, formatted value (with unit), per-seed values, raw key."""
+def row_values(row: dict) -> dict:
+    """The values the row's notebook recorded (empty if it has none to show)."""
+    return {k: v.get("value") for k, v in _row_entries(row).items()}
+
+
+def row_intervals(row: dict) -> dict:
+    """The sampling intervals recorded beside the row's values ({key: [lo, hi], or one per seed})."""
+    return {k: v["interval"] for k, v in _row_entries(row).items() if v.get("interval") is not None}
+
+
+def format_interval(interval, unit: str = "") -> str:
+    """'[0.874, 0.926]', or one such pair per seed joined by commas."""
+    if interval and isinstance(interval[0], list):
+        return ", ".join(format_interval(i, unit) for i in interval)
+    return f"[{format_value(float(interval[0]), unit)}, {format_value(float(interval[1]), unit)}]"
+
+
+def measured_items(claim: dict, labels: dict, values: dict, intervals: dict | None = None) -> list[dict]:
+    """The Measured column's entries: label, formatted value (with unit), per-seed values, raw key, and the
+    sampling interval where one was recorded (empty text otherwise)."""
     out = []
     for key in claim["measured"]:
         if key not in values:
@@ -101,8 +118,9 @@ def measured_items(claim: dict, labels: dict, values: dict) -> list[dict]:
         lab = labels.get(key, {"label": key, "unit": ""})
         v = values[key]
         seeds = ", ".join(format_value(x, lab["unit"]) for x in v) if isinstance(v, list) and len(v) > 1 else ""
+        interval = (intervals or {}).get(key)
         out.append({"key": key, "label": lab["label"], "value": with_unit(format_value(v, lab["unit"]), lab["unit"]),
-                    "seeds": seeds})
+                    "seeds": seeds, "interval": format_interval(interval, lab["unit"]) if interval else ""})
     return out
 
 
@@ -142,7 +160,7 @@ def failed_parts(row: dict, claim: dict, labels: dict, values: dict) -> list[str
             measured = with_unit(format_value(values.get(key, float("nan")), unit), unit)
             words.append(f"needs {rule_in_words(r, labels)}; measured {measured}")
         if part["status"] == "partial":
-            words.append("passes the looser partial rule")
+            words.append(part["detail"] if "straddles" in part.get("detail", "") else "passes the looser partial rule")
         out.append(prefix + "; ".join(words))
     return out
 

@@ -5,6 +5,8 @@
     random_projection_cca     the CCA of two models' activations projected on random subspaces
     random_directions_block   a bilinear form read along random unit directions (a block of named directions' baseline)
     compare_cores             two models' cores: overlap and CCA, each beside its random baseline
+    signal_to_noise           a quantity measured on K disjoint parts of a sample: its mean and how far above
+                              its sampling noise it stands (a direction read below the noise is the draw's)
 """
 from __future__ import annotations
 
@@ -68,3 +70,18 @@ def compare_cores(core_a, acts_a: torch.Tensor, core_b, acts_b: torch.Tensor, se
     rand = random_projection_cca(acts_a, acts_b, ra, rb, seed=seed)
     return {"overlap": projector_overlap(core_a, core_b), "random_overlap": random_subspace_overlap(core_a.dim, ra, rb, seed=seed),
             **res, **{f"random_{k}": v for k, v in rand.items()}}
+
+
+def signal_to_noise(parts) -> tuple[torch.Tensor, float]:
+    """(mean, snr) of a quantity measured on K >= 2 disjoint, equally sized parts of one sample (e.g. a gradient
+    on K sub-batches): the mean is the quantity on the whole sample; snr = ||mean|| / ||standard error of the
+    mean|| (Frobenius norms; the standard error from the spread of the parts, elementwise). snr near 1 or below:
+    the mean is mostly sampling noise, and its direction (a cosine with anything) is the draw's, not the
+    model's; a quantity K parts agree on has a large snr."""
+    x = torch.stack([torch.as_tensor(p, dtype=torch.float64) for p in parts])
+    if x.shape[0] < 2:
+        raise ValueError(f"signal_to_noise needs at least 2 parts to see the noise; got {x.shape[0]}")
+    mean = x.mean(0)
+    se = x.std(0, unbiased=True) / x.shape[0] ** 0.5
+    noise = float(se.norm())
+    return mean, (float(mean.norm()) / noise if noise > 0 else float("inf"))

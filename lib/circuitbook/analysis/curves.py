@@ -7,6 +7,7 @@ by linear interpolation.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -66,27 +67,133 @@ def value_at(steps, values, step: float) -> float:
     return float(np.interp(step, x, y))
 
 
-def steepest_rise(steps, values, window: float, after: float | None = None) -> tuple[float, float]:
-    """(step, rise): the window of `window` steps over which the curve rises most.
+def binomial_rise_tolerance(n: float, z: float = 2.0) -> float:
+    """The sampling error of a rise of an accuracy measured on n probe sequences per evaluation: z standard
+    errors of the difference of two independent binomial proportions at p = 1/2 (the largest variance),
+    z * sqrt(2 * 0.25 / n). Two windows whose rises differ by less cannot be told apart by the probes: a
+    different draw of them could order the two the other way. 0 for n = inf (an exact measure)."""
+    if not n > 0:
+        raise ValueError(f"the probe count must be > 0, got {n!r}")
+    return float(z * math.sqrt(0.5 / n))
 
-    For each evaluation step t (with t >= after, if given) the rise is v(t + window) - v(t) on the
-    interpolated curve; the returned step is the best window's centre t + window / 2 and rise its
-    size. When consecutive windows tie (a jump shorter than the window lies inside each of
-    them), t is the middle of the first run of tied starts, so the step is the jump's centre.
-    (NaN, NaN) if no window fits inside the curve.
-    """
+
+def binomial_interval(p: float, n: float, z: float = 2.0) -> tuple[float, float]:
+    """The Wilson score interval (z standard errors) of an accuracy p measured on n sequences: where another
+    draw of n sequences could put it. It holds p, and stays inside [0, 1] (also at p = 0 or 1)."""
+    if not n > 0:
+        raise ValueError(f"the probe count must be > 0, got {n!r}")
+    if math.isnan(p):
+        return float("nan"), float("nan")
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(min(p, max(0.0, centre - half))), float(max(p, min(1.0, centre + half)))
+
+
+def _window_rises(x, y, window: float, after: float | None):
+    starts = x[(x + window <= x[-1] + 1e-9) & (x >= (after if after is not None else -np.inf))]
+    return starts, np.interp(starts + window, x, y) - np.interp(starts, x, y)
+
+
+def steepest_region(steps, values, window: float, after: float | None = None,
+                    tolerance: float = 0.0) -> tuple[float, float, float]:
+    """(first, last, rise): the steepest region of the curve. `rise` is the largest rise over `window` steps
+    among windows that start at an evaluation step t >= after; the region is the run of consecutive window
+    starts [first, last] around the best one whose rises are within `tolerance` of it (the windows the
+    measure's sampling error cannot tell from the steepest: `binomial_rise_tolerance`); it spans the steps
+    [first, last + window]. (NaN, NaN, NaN) if no window fits inside the curve."""
     if not window > 0:
         raise ValueError(f"window must be > 0, got {window!r}")
+    if not tolerance >= 0:
+        raise ValueError(f"tolerance must be >= 0, got {tolerance!r}")
     x, y = _curve(steps, values)
-    starts = x[(x + window <= x[-1] + 1e-9) & (x >= (after if after is not None else -np.inf))]
+    starts, rise = _window_rises(x, y, window, after)
     if len(starts) == 0:
+        return float("nan"), float("nan"), float("nan")
+    best = int(np.argmax(rise))
+    # exact ties of a step function must tie whatever the float rounding of the interpolation
+    near = rise >= rise[best] - tolerance - 1e-12 * max(1.0, abs(rise[best]))
+    lo, hi = best, best
+    while lo > 0 and near[lo - 1]:
+        lo -= 1
+    while hi < len(near) - 1 and near[hi + 1]:
+        hi += 1
+    return float(starts[lo]), float(starts[hi]), float(rise[best])
+
+
+def steepest_rise(steps, values, window: float, after: float | None = None,
+                  tolerance: float = 0.0) -> tuple[float, float]:
+    """(step, rise): where the curve rises most, the event's step and its steepest window's rise.
+
+    The steepest region (`steepest_region`: the windows of `window` steps starting at t >= after whose
+    rise is within `tolerance` of the largest) says where the event is; its step is where the curve rises
+    within that region: among the rises between two consecutive evaluations inside the region's span
+    [first, last + window], those within `tolerance` of the largest, and the middle of the span from the
+    first of them to the last. So a jump shorter than the window, which every window around it contains,
+    is placed at the jump itself, whichever of those windows a draw of the probes makes the steepest; a
+    gradual rise, whose single-evaluation rises tie within the noise, at its middle. `rise` is the
+    steepest window's rise. (NaN, NaN) if no window fits inside the curve.
+    """
+    first, last, rise = steepest_region(steps, values, window, after, tolerance)
+    if math.isnan(rise):
         return float("nan"), float("nan")
-    rise = np.interp(starts + window, x, y) - np.interp(starts, x, y)
-    best = float(rise.max())
-    tied = rise >= best - 1e-9 * max(1.0, abs(best))
-    first = int(np.argmax(tied))
-    last = first + int(np.argmin(np.append(tied[first:], False))) - 1  # end of the first run of ties
-    return float((starts[first] + starts[last]) / 2 + window / 2), best
+    x, y = _curve(steps, values)
+    inside = np.nonzero((x >= first - 1e-9) & (x <= last + window + 1e-9))[0]
+    if len(inside) < 2:  # the window lies between two evaluations: its middle is all the curve says
+        return float(first + window / 2), rise
+    single = np.diff(y[inside])
+    near = np.nonzero(single >= single.max() - tolerance - 1e-12 * max(1.0, abs(single.max())))[0]
+    lo, hi = inside[near[0]], inside[near[-1]] + 1
+    return float((x[lo] + x[hi]) / 2), rise
+
+
+def stage_half_way_step(steps, values, event: float, after: float | None = None, tolerance: float = 0.0,
+                        pause: float | None = None, min_share: float = 0.25) -> float:
+    """The step of `stage_half_way` (below)."""
+    return stage_half_way(steps, values, event, after, tolerance, pause, min_share)[0]
+
+
+def stage_half_way(steps, values, event: float, after: float | None = None, tolerance: float = 0.0,
+                   pause: float | None = None, min_share: float = 0.25) -> tuple[float, float, float]:
+    """The half-way step of the stage of a measure's rise that holds `event` (a step), for a measure that
+    rises in stages (e.g. one share that rises first with one head and then with another).
+
+    Stages are separated by pauses: a stretch of `pause` steps over which the measure changes by at most
+    `tolerance` (its sampling error; 0 for an exact measure, which then has no pause and one stage). The
+    stage holding the event runs from the last evaluation at or before it that ends a pause (else the first
+    step >= after) to the first evaluation at or after it that starts one (else the last step); its half-way
+    step is where the measure crosses the middle of its values at the two ends (interpolated). When that
+    stage carries less than `min_share` of the measure's change after `after` (its largest value minus its
+    first), the measure does not rise at the event, and the half-way step of its whole change after
+    `after` is returned instead (`half_way_step`): a measure that rose elsewhere is timed where it rose.
+    pause defaults to two evaluation intervals (the median spacing).
+
+    Returns (step, lo, hi): [lo, hi] is the sampling interval of the step, where the measure crosses the
+    middle minus and plus its sampling error (tolerance / 2: the middle is a mean of two evaluations, and
+    `tolerance` is the error of their difference); lo = hi = step for an exact measure.
+    """
+    x, y = _curve(steps, values)
+    keep = x >= after if after is not None else np.ones(len(x), bool)
+    x, y = x[keep], y[keep]
+    nan = (float("nan"),) * 3
+    if len(x) < 2 or math.isnan(event):
+        return nan
+    pause = 2 * float(np.median(np.diff(x))) if pause is None else float(pause)
+    flat_before = [(t - pause >= x[0]) and abs(np.interp(t, x, y) - np.interp(t - pause, x, y)) <= tolerance
+                   for t in x]
+    flat_after = [(t + pause <= x[-1]) and abs(np.interp(t + pause, x, y) - np.interp(t, x, y)) <= tolerance
+                  for t in x]
+    starts = [i for i in range(len(x)) if x[i] <= event and flat_before[i]]
+    ends = [i for i in range(len(x)) if x[i] >= event and flat_after[i]]
+    i0, i1 = (starts[-1] if starts else 0), (ends[0] if ends else len(x) - 1)
+    total = float(y.max() - y[0])
+    if not y[i1] - y[i0] >= min_share * total or not total > 0:  # no stage at the event: the whole change
+        if not y[-1] > y[0]:
+            return nan
+        i0, i1 = 0, len(x) - 1
+    xs, ys, middle = x[i0:i1 + 1], y[i0:i1 + 1], (y[i0] + y[i1]) / 2
+    step = crossing_step(xs, ys, middle)
+    lo, hi = crossing_step(xs, ys, middle - tolerance / 2), crossing_step(xs, ys, middle + tolerance / 2)
+    return step, float(np.fmin(lo, step)), float(np.fmax(hi, step))
 
 
 def threshold(values, accuracies, level: float = 0.9) -> float:

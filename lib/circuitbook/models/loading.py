@@ -264,6 +264,7 @@ class Release:
     final: Path | None
     final_step: int
     n_step_files: int
+    final_step_source: str = ""  # how final_step was found (`final_model_step`)
 
     @property
     def name(self) -> str:
@@ -277,8 +278,67 @@ class Release:
             return text + f"; the last, step {self.final_step}, is the final model"
         if self.final_step in steps:
             return text + f" and the final model {self.final.name} (equal to step {self.final_step})"
-        return text + f" and the final model {self.final.name} (placed at step {self.final_step}, one checkpoint " \
-                      f"interval after the last step file)"
+        return text + f" and the final model {self.final.name} (placed at step {self.final_step}, " \
+                      f"{self.final_step_source})"
+
+
+# Keys of a training config beside the checkpoints (JSON or YAML, any depth) that give the run's step count.
+STEP_COUNT_KEYS = ("steps", "num_steps", "n_steps", "max_steps", "total_steps", "train_steps", "training_steps",
+                   "num_train_steps")
+
+
+def _step_counts(data, found: dict, where: str = "") -> None:
+    if isinstance(data, dict):
+        for k, v in data.items():
+            if k in STEP_COUNT_KEYS and isinstance(v, int) and not isinstance(v, bool):
+                found.setdefault(k, v)
+            _step_counts(v, found)
+    elif isinstance(data, list):
+        for v in data:
+            _step_counts(v, found)
+
+
+def final_model_step(step_files, directory) -> tuple[int, str]:
+    """(step, how it was found) of a release's final model, which carries no step in its name.
+
+    Read from a training config beside the checkpoints where one says it: a `.json`, `.yaml` or `.yml` file
+    with one of `STEP_COUNT_KEYS` (at any depth; several files or keys must agree, and the step must come
+    after the last step file). Otherwise assumed: the first multiple of the checkpoint interval (the most
+    common spacing of the step files) after the last step file, since a run that checkpoints every k steps
+    trains a multiple of k (the authors' 1, 101, ..., 39,901 ends at 40,000)."""
+    import json
+
+    import yaml
+
+    steps = sorted(int(s) for s in step_files)
+    last = steps[-1]
+    said = {}
+    for f in sorted(Path(directory).iterdir()):
+        if not f.is_file() or f.suffix not in (".json", ".yaml", ".yml"):
+            continue
+        try:
+            data = json.loads(f.read_text()) if f.suffix == ".json" else yaml.safe_load(f.read_text())
+        except (ValueError, yaml.YAMLError, UnicodeDecodeError):
+            continue  # not a config of ours to read
+        keys: dict = {}
+        _step_counts(data, keys)
+        for k, v in keys.items():
+            said[(f.name, k)] = v
+    if said:
+        values = set(said.values())
+        if len(values) > 1:
+            raise ValueError(f"checkpoint directory {str(directory)!r}: its configs disagree on the run's step count ("
+                             + ", ".join(f"{n} {k} {v}" for (n, k), v in said.items()) + ")")
+        (name, key), value = next(iter(said.items()))
+        if value <= last:
+            raise ValueError(f"checkpoint directory {str(directory)!r}: {name} says {key} {value}, which is not after "
+                             f"the last step file {last}, so it cannot place the final model")
+        return value, f"read from {name} ({key})"
+    gaps = np.diff(steps) if len(steps) > 1 else np.array([1])
+    values, counts = np.unique(gaps, return_counts=True)
+    interval = int(values[counts.argmax()])
+    return (last // interval + 1) * interval, (f"assumed: the first multiple of the checkpoint interval ({interval}) "
+                                               "after the last step file")
 
 
 def read_release(directory) -> Release:
@@ -287,8 +347,9 @@ def read_release(directory) -> Release:
 
     A file whose name carries a step (`step_of`) is a checkpoint at that step. One file whose name
     carries no number at all (`model_state_dict.pth`, `final.pt`) is the final model: the last
-    checkpoint, placed one checkpoint interval (the most common spacing of the step files) after the
-    last step file - or at that step, when it holds the same tensors. Refused, naming the directory
+    checkpoint, at the step a training config beside it gives, else at the first multiple of the
+    checkpoint interval after the last step file, said to be assumed (`final_model_step`) - or at that
+    step file's step, when it holds the same tensors. Refused, naming the directory
     and the files: two files at one step, two step-less files, a name with several numbers and no
     `step`, a folder without step files, a checkpoint's name on something that is not a regular file (a
     folder, a FIFO, a symlink loop), and files of different configurations (`check_same_shapes`: every
@@ -322,16 +383,14 @@ def read_release(directory) -> Release:
     found = dict(sorted(found.items()))
     check_same_shapes(path, [*found.values(), *([final] if final else [])])
     n_step_files, last = len(found), max(found)
-    final_step = last
+    final_step, source = last, "the last step file"
     if final is not None:
         if _same_tensors(final, found[last]):
-            found[last] = final
+            found[last], source = final, f"equal to step file {last}"
         else:
-            gaps = np.diff(list(found)) if len(found) > 1 else np.array([1])
-            values, counts = np.unique(gaps, return_counts=True)
-            final_step = last + int(values[counts.argmax()])
+            final_step, source = final_model_step(found, path)
             found[final_step] = final
-    return Release(path, found, final, final_step, n_step_files)
+    return Release(path, found, final, final_step, n_step_files, source)
 
 
 def _check_checkpoint_file(directory: Path, f: Path) -> None:

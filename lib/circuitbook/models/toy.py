@@ -28,6 +28,9 @@ ACT_FNS = ("relu", "gelu")
 # position embeddings, nn.TransformerEncoderLayer attention and feed-forward, an nn.Linear readout), see
 # `ToyTransformer.init_weights`.
 INIT_SCHEMES = ("normal", "pytorch")
+# init "pytorch": the authors' position embedding is an nn.Embedding of this many rows, of which a model reads
+# the first n_ctx; its draws come before every layer's, so its size decides every later weight.
+PYTORCH_POSITION_ROWS = 64
 
 
 @register_model
@@ -360,6 +363,12 @@ class ToyTransformer(HookedRootModule):
 
         "normal": weights ~ N(0, init_std^2), biases 0, LayerNorm gains 1.
         "pytorch": see `_init_pytorch`.
+
+        The draws come from a generator of their own, seeded with `seed`: its stream is the one the global
+        generator gives right after torch.manual_seed(seed) (so "pytorch" matches the authors' model built
+        under that call), but the global generator is neither read nor advanced, so what other code drew
+        before (data, dropout, another model) never changes a model's weights. seed=None draws from the
+        global generator.
         """
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         if self.cfg.init == "pytorch":
@@ -378,21 +387,31 @@ class ToyTransformer(HookedRootModule):
             self.embed.W_E.copy_(torch.eye(self.cfg.d_vocab))
 
     def _init_pytorch(self, gen: torch.Generator | None) -> None:
-        """PyTorch's default initialisation of the modules this model corresponds to.
+        """PyTorch's default initialisation of the modules this model corresponds to, drawn in the order the
+        authors' model builds them, so that seed s gives their initial weights value for value.
 
-        nn.Embedding (W_E, W_pos): N(0, 1). nn.MultiheadAttention: the in-projection [3 H d_head, d_model]
+        Laws: nn.Embedding (W_E, W_pos) N(0, 1). nn.MultiheadAttention: the in-projection [3 H d_head, d_model]
         that holds W_Q, W_K, W_V is xavier-uniform, its bias and the out-projection's bias are 0, the
         out-projection W_O is an nn.Linear weight. nn.Linear (feed-forward W_in / W_out, readout W_U):
         kaiming-uniform with a = sqrt(5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and a bias from the same
-        range. LayerNorm gain 1, bias 0; relative position biases 0. Weights are drawn in PyTorch's
-        [out, in] layout and stored transposed into TransformerLens's [in, out] layout.
+        range. LayerNorm gain 1, bias 0 (no draw); relative position biases 0.
+
+        Order (PAPERS.md, algorithmic_cores, "The order of draws"): the token embedding; the position
+        embedding as a table of `PYTORCH_POSITION_ROWS` rows of which the model keeps the first n_ctx; then
+        per layer, as nn.TransformerEncoderLayer's constructor draws: the attention out-projection's weight
+        and a bias that MultiheadAttention then sets to zero (built as an nn.Linear before the in-projection
+        is reset), the in-projection, the two feed-forward layers (weight then bias each); the readout (weight
+        then bias). Every layer draws its own weights, as one nn.TransformerEncoderLayer per layer built in
+        turn does (nn.TransformerEncoder's deep copies of one layer would start every layer equal).
+        Weights are drawn in PyTorch's [out, in] layout and stored transposed into TransformerLens's
+        [in, out] layout. `tests/test_models.py` checks every value against PyTorch's own modules.
         """
         init = nn.init
         cfg = self.cfg
         h, d, dh = cfg.n_heads, cfg.d_model, cfg.head_dim
 
         def linear(W: torch.Tensor, b: torch.Tensor | None, fan_in: int) -> None:
-            # nn.Linear.reset_parameters: weight kaiming_uniform_(a=sqrt(5)), bias U(+-1/sqrt(fan_in))
+            # nn.Linear.reset_parameters: weight kaiming_uniform_(a=sqrt(5)), then bias U(+-1/sqrt(fan_in))
             w = torch.empty(W.shape[-1], fan_in)
             init.kaiming_uniform_(w, a=math.sqrt(5), generator=gen)
             W.copy_(w.T.reshape(W.shape))
@@ -406,15 +425,17 @@ class ToyTransformer(HookedRootModule):
                 p.zero_()
         init.normal_(self.embed.W_E, generator=gen)
         if cfg.positional == "learned":
-            init.normal_(self.pos_embed.W_pos, generator=gen)
+            table = torch.empty(max(PYTORCH_POSITION_ROWS, cfg.n_ctx), d)
+            init.normal_(table, generator=gen)
+            self.pos_embed.W_pos.copy_(table[:cfg.n_ctx])
         for block in self.blocks:
             attn = block.attn
+            # the out-projection [d_model, H d_head] is an nn.Linear: weight, then a bias MultiheadAttention zeroes
+            linear(attn.W_O.view(h * dh, d), torch.empty(d) if cfg.bias else None, fan_in=h * dh)
             in_proj = torch.empty(3 * h * dh, d)  # PyTorch's packed [W_q; W_k; W_v], rows = output features
             init.xavier_uniform_(in_proj, generator=gen)
             for W, rows in zip((attn.W_Q, attn.W_K, attn.W_V), in_proj.split(h * dh)):
                 W.copy_(rows.reshape(h, dh, d).transpose(1, 2))  # [head, d_model, d_head]
-            # out-projection [d_model, H d_head] is an nn.Linear weight; MultiheadAttention zeroes its bias
-            linear(attn.W_O.view(h * dh, d), None, fan_in=h * dh)
             if block.has_mlp:
                 mlp = block.mlp
                 linear(mlp.W_in, mlp.b_in if cfg.bias else None, fan_in=d)

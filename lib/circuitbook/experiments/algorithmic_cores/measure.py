@@ -728,3 +728,70 @@ def agreement_model_analysis(loaded, prompts, layer_stride: int = 1, n_generate:
                            n_verb_first=int(sum(starts_with_verb)),
                            n_verb_first_bare=int(sum(bare_verb_first)))
 
+
+
+# --------------------------------------------------------------------------- Markov: how often seeds agree
+@dataclass(frozen=True)
+class SeedCore:
+    """The paper-definition core of one seed's Markov model, for the survey over many seeds."""
+
+    seed: int
+    rank: int  # energy rank of the raw logits' Jacobian at the definition's threshold
+    fourth_share: float  # share of sigma^2 in the n_states-th ACE direction (the common mode's, when it counts)
+    centred_rank: int  # energy rank with the logits' common mode removed
+    core: object  # the ace.Core (its basis for overlaps)
+
+
+def seed_core(model: ToyTransformer, chain: MarkovChain, tokens: torch.Tensor, definition: ace.CoreDefinition,
+              seed: int) -> SeedCore:
+    """ACE (no causal validation: the survey reads ranks and subspaces) on one model at its last residual
+    stream, every position of `tokens` a sample."""
+    core, inputs = ace_final(model, tokens, position="all", definition=definition)
+    power = core.sigma.pow(2)
+    k = chain.n_states
+    share = float(power[k - 1] / power.sum()) if k <= power.numel() else float("nan")
+    _, centred = readout_common_mode(inputs, definition)
+    return SeedCore(seed=seed, rank=int(core.rank), fourth_share=share, centred_rank=int(centred), core=core)
+
+
+def random_triple_overlaps(dim: int, rank: int, n_draws: int = 2000, seed: int = 0) -> np.ndarray:
+    """Mean pairwise projector overlap of three independent uniformly random `rank`-dimensional subspaces
+    of R^dim, `n_draws` times: the baseline a triple of seeds' cores is read against."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n_draws):
+        q = [torch.randn(dim, rank, generator=gen, dtype=torch.float64) for _ in range(3)]
+        out.append(np.mean([projector_overlap(q[i], q[j]) for i, j in ((0, 1), (0, 2), (1, 2))]))
+    return np.asarray(out)
+
+
+def seed_survey(cores: Sequence[SeedCore], threshold: float, target_rank: int, dim: int,
+                low_overlap: float = 0.03, n_random: int = 2000) -> dict:
+    """How often seeds agree with a claim made on three of them (AC-2 and AC-3 over many seeds).
+
+    Per seed: the share at `target_rank`, of those whose fourth direction carries more than 1 - threshold
+    (the share the energy threshold tolerates: above it, the direction counts), and at `target_rank`
+    with the common mode removed. Over every triple of seeds: the share of triples all at `target_rank`,
+    the median of a triple's mean pairwise projector overlap beside the same for random `target_rank`-
+    dimensional subspaces of R^dim (`random_triple_overlaps`), and the share of triples whose mean overlap
+    is at most `low_overlap` (seeds' and random)."""
+    from itertools import combinations
+
+    if len(cores) < 3:
+        raise ValueError(f"a survey of seed triples needs at least 3 seeds; got {len(cores)}")
+    ranks = np.array([c.rank for c in cores])
+    shares = np.array([c.fourth_share for c in cores])
+    pair = {(i, j): projector_overlap(cores[i].core, cores[j].core) for i, j in combinations(range(len(cores)), 2)}
+    triples = list(combinations(range(len(cores)), 3))
+    means = np.array([np.mean([pair[(a, b)], pair[(a, c)], pair[(b, c)]]) for a, b, c in triples])
+    all_target = np.array([all(ranks[list(t)] == target_rank) for t in triples])
+    rand = random_triple_overlaps(dim, target_rank, n_random)
+    return {"n_seeds": float(len(cores)), "share_at_rank": float(np.mean(ranks == target_rank)),
+            "fourth_share_median": float(np.nanmedian(shares)),
+            "share_fourth_counted": float(np.mean(shares > 1 - threshold)),
+            "share_centred_at_rank": float(np.mean([c.centred_rank == target_rank for c in cores])),
+            "n_triples": float(len(triples)), "share_triples_at_rank": float(all_target.mean()),
+            "triple_overlap_median": float(np.median(means)),
+            "random_triple_overlap_median": float(np.median(rand)),
+            "share_triples_low_overlap": float(np.mean(means <= low_overlap)),
+            "random_share_low_overlap": float(np.mean(rand <= low_overlap))}

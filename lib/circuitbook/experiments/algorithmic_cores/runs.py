@@ -2,7 +2,7 @@
 functions (each takes `cfg` first), and `notebook_runs(cfg)`, every run a notebook trains or reads, by role.
 
     Markov chains (02)   MARKOV_SETUPS, markov_chain, markov_task, markov_model_config, markov_definition,
-                         markov_train_config, markov_evaluator, train_markov(cfg, setup)
+                         markov_train_config, markov_evaluator, train_markov(cfg, setup), train_markov_survey
     grokking (03)        MODULAR_BLOCKS, modular_task, modular_model_config, grokking_task,
                          grokking_model_config, grokking_train_config, train_grokking(cfg),
                          choose_fork_step, fork_step, train_wd0_branch(cfg, run, fork_step)
@@ -100,6 +100,15 @@ def train_markov(cfg, setup: str = "paper") -> Run:
     task = markov_task(cfg)
     name = "algorithmic_cores/markov" if setup == "paper" else f"algorithmic_cores/markov_{setup}"
     return train(name, markov_model_config(cfg, setup), task, markov_train_config(cfg),
+                 evaluate=markov_evaluator(cfg, task))
+
+
+def train_markov_survey(cfg) -> Run:
+    """The paper setup at the survey's seeds (`markov_survey_seeds`), one ensemble: how often other seeds agree
+    with what the claims judge on the paper's seeds (`measure.seed_survey`)."""
+    task = markov_task(cfg)
+    tc = replace(markov_train_config(cfg), seeds=tuple(cfg.markov_survey_seeds), log_checkpoints=0)
+    return train("algorithmic_cores/markov_survey", markov_model_config(cfg, "paper"), task, tc,
                  evaluate=markov_evaluator(cfg, task))
 
 
@@ -242,12 +251,13 @@ def train_p_sweep(cfg) -> dict[int, Run]:
 def notebook_runs(cfg) -> dict:
     """Every run the notebook `cfg.notebook` trains or reads, by role (the chapter contract's registry).
 
-    02_markov: one run per setup of MARKOV_SETUPS ("paper", "normal_init", "book"); 03_grokking: "grokking"
+    02_markov: one run per setup of MARKOV_SETUPS ("paper", "normal_init", "book") and "survey" (the paper
+    setup at `markov_survey_seeds`); 03_grokking: "grokking"
     and its weight-decay-0 branch "wd0" (forked at `fork_step`); 04_delay_law: "omega_sweep" and, with
     cfg.sweep_p_run, "p_sweep_<p>" per modulus; 01_planted and 05_agreement train nothing.
     """
     if cfg.notebook == "02_markov":
-        return {setup: train_markov(cfg, setup) for setup in MARKOV_SETUPS}
+        return {**{setup: train_markov(cfg, setup) for setup in MARKOV_SETUPS}, "survey": train_markov_survey(cfg)}
     if cfg.notebook == "03_grokking":
         run = train_grokking(cfg)
         return {"grokking": run, "wd0": train_wd0_branch(cfg, run, fork_step(cfg, run))}

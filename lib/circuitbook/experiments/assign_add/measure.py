@@ -96,13 +96,16 @@ class Phases:
     var_half_step: float  # the first of them reaches 0.5
     zero_at_var_half: float  # 0-var accuracy at var_half_step
     jump_from: float  # where the jump is searched from: the end of the addition phase
-    jump_step: float  # centre of the window of steepest rise of the variable accuracy after jump_from
+    jump_step: float  # where the variable accuracy rises most after jump_from (`detect_phases`)
     jump_rise: float  # its rise
     jump_share: float  # its rise / the variable accuracy's rise after jump_from
     qk_step: float  # the layer-2 QK identity cosine is half-way from its first to its last value
-    bound_step: float  # the bound value beats the other assigned values in `=`'s attention: half-way
+    bound_step: float  # the bound value beats the other assigned values in `=`'s attention: half-way of the
+    # stage that holds the jump
+    bound_lo: float  # bound_step's sampling interval (`analysis.curves.stage_half_way`)
+    bound_hi: float
     routing_step: float  # the layer-1 previous-token score is half-way (a prerequisite)
-    refine_step: float  # centre of the steepest rise of the hard-case accuracy after the jump
+    refine_step: float  # where the hard-case accuracy rises most after the jump
     refine_rise: float
     window: float
 
@@ -117,8 +120,22 @@ def default_window(steps) -> float:
     return max(steps[-1] / 20, 2 * float(np.median(np.diff(steps))) if len(steps) > 1 else 1.0)
 
 
+def phase_tolerances(pool_size: int | None, probe_size: int | None) -> dict[str, float]:
+    """The sampling error of a rise of each curve the phase rules read (`analysis.curves.binomial_rise_tolerance`,
+    two standard errors of a difference of two binomial proportions at 1/2): the variable accuracy is the mean of
+    two pools of `pool_size` sequences (2 x pool_size), the hard cases of three (3 x pool_size), the bound
+    value's lead a share over the probe's 1-var and 2-var sequences (at least 2 x probe_size bound values).
+    None: an exact curve (tolerance 0, only exact ties)."""
+    def tol(n):
+        return curves.binomial_rise_tolerance(n) if n else 0.0
+
+    return {"variable": tol(pool_size and 2 * pool_size), "hard": tol(pool_size and 3 * pool_size),
+            "bound_over_values": tol(probe_size and 2 * probe_size)}
+
+
 def detect_phases(metrics: pd.DataFrame, member: int = 0, window: float | None = None,
-                  min_rise: float = 0.2, level: float = 0.9) -> Phases:
+                  min_rise: float = 0.2, level: float = 0.9, pool_size: int | None = None,
+                  probe_size: int | None = None) -> Phases:
     """The phases of training, detected from the evaluation curves of one member, in the paper's
     order of events (AA-1: addition first).
 
@@ -129,19 +146,26 @@ def detect_phases(metrics: pd.DataFrame, member: int = 0, window: float | None =
       when 0-var accuracy never reaches `level`), because once addition is solved a model that adds
       a uniformly chosen assigned value is already right with probability E[1/k], so the variable
       accuracy first rises with addition to that plateau; the jump is the later rise from it.
-      Its step is the centre of the `window` of steepest rise of the variable accuracy (mean of
-      the 1-var and 2-var training pools, `VAR_POOLS`) among windows starting at or after
-      `jump_from`; `jump_share` is that rise over the curve's rise after `jump_from` (its highest
-      value after it minus its value there): a sharp jump does most of that learning in one window;
-    - the circuit (AA-2), after `jump_from` too: the step at which the share of bound values that
-      `=` reads more than every other assigned value (`bound_over_values`, at every evaluation)
-      has covered half of its change from `jump_from` to the end, and the step at which the
-      layer-2 QK identity cosine (`qk_identity`) has covered half of its change over the run
-      (`analysis.curves.half_way_step`: a measure that fluctuates before it rises would hand
-      the steepest-rise rule a swing of its noise); the layer-1 previous-token score (`routing`)
-      likewise over the run, for comparison;
-    - refinement: centre of the window of steepest rise of the hard-case accuracy (mean of the
-      var-restricted pools, `HARD_POOLS`) among windows that start after the jump's window.
+      Its step is where the variable accuracy (mean of the 1-var and 2-var training pools,
+      `VAR_POOLS`) rises (`analysis.curves.steepest_rise`): inside the steepest region of
+      `window`-step windows starting at or after `jump_from` (every window whose rise is within the
+      pools' sampling error of the steepest: `phase_tolerances(pool_size, ...)`), the middle of its
+      largest single-evaluation rises, so a jump shorter than the window is placed at the jump, not
+      at whichever window a draw of the pools makes steepest; `jump_rise` is the steepest window's
+      rise and `jump_share` that rise over the curve's rise after `jump_from` (its highest value after
+      it minus its value there): a sharp jump does most of that learning in one window;
+    - the circuit (AA-2), after `jump_from` too: the half-way step of the stage of the share of bound
+      values that `=` reads more than every other assigned value (`bound_over_values`, at every
+      evaluation) that holds the jump (`analysis.curves.stage_half_way_step`: the share rises in
+      stages, first with the layer-1 previous-token head, then at the jump; stages are separated by
+      pauses over which it changes by less than its sampling error, `phase_tolerances(..., probe_size)`;
+      a share that does not rise at the jump is timed by the half-way step of its whole change after
+      `jump_from`), and the step at which the layer-2 QK identity cosine (`qk_identity`, a function of
+      the weights: no sampling error, so one stage) has covered half of its change over the run; the
+      layer-1 previous-token score (`routing`) likewise over the run, for comparison;
+    - refinement: where the hard-case accuracy (mean of the var-restricted pools, `HARD_POOLS`) rises,
+      by the jump's rule, among windows that start after the jump's window (`jump_step + window / 2`).
+    pool_size / probe_size: the sequences behind each point (None: exact curves, exact ties only).
     A jump or refinement whose rise is below `min_rise` is not detected (NaN); without a jump
     there is no refinement. window defaults to `default_window` (1/20 of the run).
     """
@@ -159,7 +183,8 @@ def detect_phases(metrics: pd.DataFrame, member: int = 0, window: float | None =
 
     addition = curves.crossing_step(steps, zero, level)
     start = addition if not math.isnan(addition) else float(steps[0])
-    jump, jump_rise = curves.steepest_rise(steps, var, window, after=start)
+    tol = phase_tolerances(pool_size, probe_size)
+    jump, jump_rise = curves.steepest_rise(steps, var, window, after=start, tolerance=tol["variable"])
     later = steps >= start
     rise_after = float(var[later].max() - curves.value_at(steps, var, start)) if later.any() else float("nan")
     jump_share = jump_rise / rise_after if rise_after > 0 else float("nan")
@@ -174,14 +199,24 @@ def detect_phases(metrics: pd.DataFrame, member: int = 0, window: float | None =
             return float("nan")
         return curves.half_way_step(steps[keep], m[list(columns)].mean(axis=1).to_numpy()[keep])
 
-    refine, refine_rise = (curves.steepest_rise(steps, hard, window, after=jump + window / 2)
+    def bound_stage(event):
+        if "bound_over_values" not in m:
+            return (float("nan"),) * 3
+        if math.isnan(event):
+            return (half_way(["bound_over_values"], after=start),) * 3
+        return curves.stage_half_way(steps, m["bound_over_values"].to_numpy(), event, after=start,
+                                     tolerance=tol["bound_over_values"])
+
+    refine, refine_rise = (curves.steepest_rise(steps, hard, window, after=jump + window / 2,
+                                                tolerance=tol["hard"])
                            if not math.isnan(jump) else (float("nan"), float("nan")))
     if not refine_rise >= min_rise:
         refine = float("nan")
+    bound, bound_lo, bound_hi = bound_stage(jump)
     return Phases(addition_step=addition, variable_step=variable_step,
                   var_half_step=var_half, zero_at_var_half=curves.value_at(steps, zero, var_half),
                   jump_from=start, jump_step=jump, jump_rise=jump_rise, jump_share=jump_share,
-                  qk_step=half_way(["qk_identity"]), bound_step=half_way(["bound_over_values"], after=start),
+                  qk_step=half_way(["qk_identity"]), bound_step=bound, bound_lo=bound_lo, bound_hi=bound_hi,
                   routing_step=half_way(["routing"]), refine_step=refine, refine_rise=refine_rise,
                   window=window)
 
@@ -335,6 +370,34 @@ def qk_gradient(model: ToyTransformer, tokens: torch.Tensor, labels: torch.Tenso
         total += torch.einsum("bhqk,bqd,bke->hde", ds, x, x) / scale
     model.zero_grad(set_to_none=True)
     return -total
+
+
+GRADIENT_PARTS = 4  # AA-12: the gradient is measured on this many disjoint sub-batches to see its noise
+GRADIENT_MIN_SNR = 3.0  # below this, the block's direction is mostly the draw of the sequences
+
+
+def qk_gradient_block(model: ToyTransformer, tokens: torch.Tensor, labels: torch.Tensor, task: AssignAddTask,
+                      parts: int = GRADIENT_PARTS) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(-dL/dW_QK of layer 2 [d, d], its variable block [12, 12], the block's signal-to-noise ratio).
+
+    The gradient is the mean of `qk_gradient` over `parts` disjoint equal sub-batches of the sequences (the
+    gradient on all of them, when they divide evenly); the block is read in `qk_basis` and double-centred (the
+    part `template_cosine` reads) before `analysis.baselines.signal_to_noise` compares its size with its
+    sampling error. Late in training the loss and its gradient shrink toward zero while the sampling error
+    does not vanish as fast, so the block's direction, and any cosine read from it, becomes the draw's: a
+    cosine is only measured where the ratio is at least `GRADIENT_MIN_SNR`."""
+    from ...analysis.attention import double_centre
+    from ...analysis.baselines import signal_to_noise
+
+    size = len(tokens) // parts
+    if size < 1:
+        raise ValueError(f"{len(tokens)} sequences cannot be split into {parts} parts")
+    grads = [qk_gradient(model, tokens[i * size:(i + 1) * size], labels[i * size:(i + 1) * size])[0]
+             for i in range(parts)]
+    blocks = [double_centre(variable_block(qk_in_basis(g, model, task)[0], task)) for g in grads]
+    _, snr = signal_to_noise(blocks)
+    grad = torch.stack(grads).mean(0)
+    return grad, variable_block(qk_in_basis(grad, model, task)[0], task), snr
 
 
 def qk_basis(model: ToyTransformer, task: AssignAddTask) -> tuple[torch.Tensor, list[str]]:

@@ -58,7 +58,7 @@ def main_run(cfg, progress: bool | None = None) -> "Run | ComposedRun":
     the two are returned as one `ComposedRun`.
     """
     task = make_task(cfg)
-    evaluate = ProgressEvaluator(task, pool_size=cfg.pool_size, probe_size=cfg.probe_size)
+    evaluate = ProgressEvaluator(task, pool_size=cfg.pool_size, probe_size=cfg.probe_size, seed=eval_seed(cfg))
     run = train("assign_add/main", model_config(cfg), task, train_config(cfg), evaluate=evaluate,
                      progress=progress)
     if not cfg.get("cooldown_steps"):
@@ -78,11 +78,16 @@ def check_chapter_model(model: ToyTransformer, where: str) -> ToyTransformer:
     return model
 
 
-def released_run(directory, task: AssignAddTask, pool_size: int, probe_size: int) -> ReleasedRun:
+def eval_seed(cfg) -> int:
+    """The evaluation's draw (`eval_seed`; 1, the book's first draw, where a notebook's Params lack it)."""
+    return int(cfg.get("eval_seed", 1) if cfg.get("eval_seed") is not None else 1)
+
+
+def released_run(directory, task: AssignAddTask, pool_size: int, probe_size: int, seed: int = 1) -> ReleasedRun:
     """A released run's folder read like a book run of one member: every checkpoint evaluated with the
     chapter's `ProgressEvaluator` (the pools of `task`, i.e. the run's own pair split), so the phase rules
     and the stage-wise figures run on it as on the book's runs."""
-    return ReleasedRun(directory, ProgressEvaluator(task, pool_size=pool_size, probe_size=probe_size),
+    return ReleasedRun(directory, ProgressEvaluator(task, pool_size=pool_size, probe_size=probe_size, seed=seed),
                        check_chapter_model)
 
 
@@ -108,7 +113,7 @@ def source_run(cfg) -> "Run | ComposedRun | ReleasedRun":
     if not Path(path).expanduser().is_dir():
         raise ValueError(f"checkpoint_path {path!r} is a single checkpoint; this notebook reads a training history: "
                          f"give a directory of step checkpoints (e.g. checkpoint_step_5301.pth)")
-    run = released_run(path, make_task(cfg), pool_size=cfg.pool_size, probe_size=cfg.probe_size)
+    run = released_run(path, make_task(cfg), pool_size=cfg.pool_size, probe_size=cfg.probe_size, seed=eval_seed(cfg))
     note_release(cfg, f"{run.release.describe()}; every checkpoint evaluated")
     return run
 
