@@ -88,6 +88,7 @@ def test_matmul_rate_is_measured_and_plausible():
     rate = plan.matmul_rate(torch.device("cpu"), n=256)
     assert 1e7 < rate < 1e14 and torch.equal(torch.random.get_rng_state(), state)
 
+
 def test_plan_command_prints_runs_and_resources(runs_dir, capsys):
     assert main(["build", "--profile", "smoke", "--plan", "--chapter", "assign_add"]) == 0
     out = capsys.readouterr().out
