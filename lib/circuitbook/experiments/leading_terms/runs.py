@@ -155,8 +155,8 @@ def short_corpus_steps(cfg, tc: TrainConfig) -> str:
     s_eta = " and ".join(f"{tc.steps * lr:g}" for lr in tc.lr)
     return (f"on {len(load_corpus(cfg).samples):,} samples one epoch is {steps_per_epoch(cfg)} step(s) of "
             f"{tc.batch_size:,}: the run keeps the {tc.steps:,} SGD steps of {cfg.epochs} epochs of "
-            f"{cfg.n_samples:,} samples in batches of {cfg.batch_size:,}, so s * eta ends at {s_eta}, as with "
-            f"n_samples samples")
+            f"{cfg.n_samples:,} samples in batches of {cfg.batch_size:,}, so s * eta ends at {s_eta}, as on "
+            f"{cfg.n_samples:,} samples")
 
 
 # =============================================================================
