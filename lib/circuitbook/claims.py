@@ -526,6 +526,7 @@ def evaluate_claim(chapter: str, claim: dict, label: str) -> dict:
         row["deviations"] = params.deviations(chapter, claim["notebook"], profile, overrides, release=bool(release))
     except ParameterError as e:
         row["deviations"] = [f"(cannot list: {e})"]
+    row["deviations"] += context.deviations_found(results)  # found at run time (context.note_deviation)
     if results.get("status") == "failed":
         return {**row, "status": f"not run: {where} failed at {label} ({results.get('error') or 'no message'})"}
     if results.get("status") != "ok":

@@ -1,7 +1,8 @@
 """The notebook being executed: which chapter, notebook and profile, which runs.
 
 `load_params()` opens a context; `train()` adds the runs it returns, and
-`note_release()` a released run the notebook evaluates instead; `record()`
+`note_release()` a released run the notebook evaluates instead, `note_deviation()`
+a deviation from the paper found at run time; `record()`
 writes into the context's results file. The file carries the notebook's
 inputs (`book.notebook_inputs`), so the scorecard grades a result only against
 the code that produced it, and a status: `running` until the build (or
@@ -107,6 +108,24 @@ def note_release(name: str, path: str, evaluated: str) -> None:
         if _current.get("release") != release:
             _current["release"] = release
             _write()
+
+
+def note_deviation(text: str) -> None:
+    """Say how this execution differs from the paper in a way found only at run time (the data held
+    fewer samples than asked for, say): kept in the results record's `deviations_found` (once per
+    text) and listed after the profile's deviations on the notebook's scorecard rows and its chapter
+    page. Without a notebook context (a plan, a library call) there is nothing to note into."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"note_deviation(): the text must be a non-empty str, got {text!r}")
+    if _current is not None and text not in _current.setdefault("deviations_found", []):
+        _current["deviations_found"].append(text)
+        _write()
+
+
+def deviations_found(results: dict | None) -> list[str]:
+    """The deviations a results record noted at run time (`note_deviation`), [] for none."""
+    found = (results or {}).get("deviations_found")
+    return [t for t in found if isinstance(t, str)] if isinstance(found, list) else []
 
 
 def set_value(key: str, value, run_key: str | None, why: str | None = None, interval=None) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 import time
 
-from . import claims, params, presentation
+from . import claims, context, params, presentation
 
 STATUS_CLASS = {"reproduced": "reproduced", "partial": "partial", "not reproduced": "failed",
                 "not measured": "unmeasured", "not run": "notrun", "stale": "stale"}
@@ -128,7 +128,8 @@ def chapter_header(chapter: str, profile: str, seconds: dict[str, float | None],
     rows = rows if rows is not None else [r for r in claims.scorecard(profile) if r["chapter"] == chapter]
     total = sum(s for s in seconds.values() if s)
     when = built or time.strftime("%Y-%m-%d %H:%M")
-    devs = {nb: params.deviations(chapter, nb, profile) for nb in params.notebooks(chapter)}
+    devs = {nb: params.deviations(chapter, nb, profile) + _deviations_found(chapter, nb, profile)
+            for nb in params.notebooks(chapter)}
     shared = [d for d in next(iter(devs.values()), []) if len(devs) > 1 and all(d in v for v in devs.values())]
     lines = ["```{admonition} What was run in this build", ":class: note",
              f"Profile **{profile}**, built {when}; this chapter's notebooks took {total / 60:.1f} min."
@@ -143,6 +144,14 @@ def chapter_header(chapter: str, profile: str, seconds: dict[str, float | None],
         lines.append(f"- `{nb}`{timing}: " + ("; ".join(own) if own else "nothing else" if shared else "the paper's settings"))
     lines += ["```", "", summary_line(rows) if rows else ""]
     return "\n".join(lines)
+
+
+def _deviations_found(chapter: str, notebook: str, profile: str) -> list[str]:
+    """What the notebook's execution at `profile` noted at run time (`context.note_deviation`)."""
+    try:
+        return context.deviations_found(context.read_results(chapter, notebook, profile))
+    except context.DamagedResultsError:
+        return []  # the scorecard row names the damaged file
 
 
 def place_chapter_header(index_text: str, chapter: str, profile: str, seconds: dict, built: str | None = None,

@@ -18,6 +18,8 @@ Each chapter folder (and `book/` for the tour) has a `profiles.yml`:
         estimate_s: {smoke: 10, cpu: 600, full: 3600}
         paper: {...}       # the paper's values of this notebook's knobs
         deviations: {cpu: [...]}
+        runs_on: cpu       # needs no GPU and reads local files that cannot travel (pretrained weights):
+                           # a GPU visit leaves it to a CPU machine (default `any`: wherever the build runs)
     paper: {...}           # the paper's value of each knob it fixes
     deviations:            # what differs from the paper and is not a knob's value
       cpu: ["samples are windows, not whole stories"]
@@ -55,7 +57,11 @@ TYPES = tuple(SCALAR_TYPES) + tuple(f"list[{t}]" for t in ("int", "float", "str"
 SPEC_KEYS = {"type", "min", "max", "choices", "nullable", "help", "env"}
 TOP_SECTIONS = {"parameters", "defaults", "notebooks", "paper", "deviations", "release", *PROFILES}
 RELEASE_KEYS = {"parameter", "history", "training"}
-NOTEBOOK_SECTIONS = {"needs", "parameters", "defaults", "estimate_s", "paper", "deviations", "resources", *PROFILES}
+NOTEBOOK_SECTIONS = {"needs", "parameters", "defaults", "estimate_s", "paper", "deviations", "resources", "runs_on",
+                     *PROFILES}
+RUNS_ON = {"any": "wherever the build runs",
+           "cpu": "needs no GPU and reads local files that cannot travel to a GPU machine: a GPU visit leaves it "
+                  "to a CPU machine"}
 INT_LIMIT = 2 ** 63  # what torch and numpy take as an integer (seeds, sizes)
 BOOK_PSEUDO_CHAPTER = "book"  # the tour and other book-level notebooks
 
@@ -160,6 +166,9 @@ def load_profiles(chapter: str) -> dict:
             raise ParameterError(f"{path}: notebooks.{name}.needs must be a list of notebook names")
         _check_deviations(nb.get("deviations"), f"{path}: notebooks.{name}.deviations")
         _check_resources(nb.get("resources"), f"{path}: notebooks.{name}.resources")
+        if not isinstance(nb.get("runs_on", "any"), str) or nb.get("runs_on", "any") not in RUNS_ON:
+            raise ParameterError(f"{path}: notebooks.{name}.runs_on is {nb['runs_on']!r}; allowed: 'any' "
+                                 f"({RUNS_ON['any']}) or 'cpu' ({RUNS_ON['cpu']})")
     return data
 
 
@@ -191,6 +200,12 @@ def resources(chapter: str, notebook: str, profile: str) -> dict:
     if res and set(res) <= set(PROFILES):
         res = res.get(profile) or {}
     return {**DEFAULT_RESOURCES, **res}
+
+
+def runs_on(chapter: str, notebook: str) -> str:
+    """Where the notebook executes: 'any' (wherever the build runs) or 'cpu' (it needs no GPU and reads local
+    files that cannot travel, such as pretrained weights installed here: a GPU visit leaves it to a CPU machine)."""
+    return _notebook_section(load_profiles(chapter), chapter, notebook).get("runs_on", "any")
 
 
 def _check_release(release, where: str) -> None:

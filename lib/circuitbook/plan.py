@@ -60,6 +60,11 @@ def planned_runs(chapter: str, notebook: str, profile: str) -> list[PlannedRun]:
 
 PLAN_STEP_FLOPS = 2e10  # a timed calibration step does at most about this much work (seconds on a CPU)
 PLAN_MAX_CHUNK = {"cpu": 16, "cuda": 256}  # larger chunks are not timed for a plan (a CPU is compute-bound by then)
+# A CPU step that does more than this even at batch 1 (a one-hot model over a 10,000-token vocabulary: 7e8
+# parameters, 6e11 FLOPs) is not timed: building and stepping it would take minutes and gigabytes (the
+# plan's 300 s and this machine's memory). Its time is its FLOPs at this CPU's measured matrix-product rate:
+# a lower bound, since a real step also moves its weights and activations through memory.
+PLAN_UNTIMED_FLOPS = 10 * PLAN_STEP_FLOPS
 
 
 def cost(run: PlannedRun, device: torch.device) -> RunCost:
@@ -82,6 +87,14 @@ def cost(run: PlannedRun, device: torch.device) -> RunCost:
     batch = run.train_config.batch_size
     small = max(1, min(batch, int(batch * PLAN_STEP_FLOPS / max(flops_per_step / K * max(sizes), 1.0))))
     note = getattr(run, "note", "")
+    timed_flops = flops_per_step / K * max(sizes) * small / batch
+    if device.type == "cpu" and timed_flops > PLAN_UNTIMED_FLOPS:
+        rate = matmul_rate(device)
+        note = (note + "; " if note else "") + (f"a step at batch 1 is {timed_flops / max(sizes):.1e} FLOPs, too "
+                                                f"big to time here: time = FLOPs / this CPU's matrix-product rate "
+                                                f"({rate / 1e9:.0f} GFLOP/s)")
+        return RunCost(run, count_parameters(run.model_config), flops_per_step * steps, flops_per_step * steps / rate,
+                       1, note)
     if small < batch:
         tc = replace(run.train_config, batch_size=small,
                      micro_batch_size=min(run.train_config.micro_batch_size or small, small))
@@ -92,6 +105,23 @@ def cost(run: PlannedRun, device: torch.device) -> RunCost:
     per_step = {c: t * math.ceil(K / c) for c, t in times.items()}
     chunk = best_chunk(K, steps, times, 1, cal.setup_s)
     return RunCost(run, count_parameters(run.model_config), flops_per_step * steps, per_step[chunk] * steps, chunk, note)
+
+
+_rates: dict[str, float] = {}
+
+
+def matmul_rate(device: torch.device, n: int = 1024, repeats: int = 3) -> float:
+    """FLOP/s of an n x n float32 matrix product on `device`, the best of `repeats` (measured once per process)."""
+    key = f"{device}:{n}"
+    if key not in _rates:
+        a = torch.rand(n, n, generator=torch.Generator().manual_seed(0)).to(device)  # the global RNG untouched
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first product warms the kernels up
+            t0 = time.perf_counter()
+            a @ a
+            best = min(best, time.perf_counter() - t0)
+        _rates[key] = 2 * n ** 3 / best
+    return _rates[key]
 
 
 class PlanTimeout(RuntimeError):

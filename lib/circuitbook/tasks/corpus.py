@@ -24,6 +24,11 @@ Sampling (`sampling`): "stories", as in the paper -- every story that is entirel
 vocabulary and at least T + 1 tokens long, truncated to its first T + 1 tokens; or "windows" --
 consecutive non-overlapping windows of T + 1 tokens cut from each story's in-vocabulary runs
 (many more samples from a small corpus, but some windows start mid-sentence).
+
+A short corpus (`short_corpus`): when the source holds fewer samples than `n_samples` asks for,
+"error" refuses it (CorpusError), so that a profile naming the paper's n_samples is never run on
+a fraction of its data without a word; "all" keeps every sample there is and says so in the
+corpus's `info` (`short`, `samples_asked`), for the chapter to state the deviation on its rows.
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ from .base import Batch, FixedDataset
 ENV_VAR = "CIRCUITBOOK_TINYSTORIES"
 SAMPLINGS = ("stories", "windows")
 TOKENIZERS = ("word", "bpe")
+SHORT_CORPUS = ("error", "all")  # fewer samples than n_samples: refuse, or keep all there are
 END_OF_TEXT = "<|endoftext|>"
 WORD_PATTERN = re.compile(r"\w+|[^\w\s]")
 STORY_BOUNDARY = re.compile(r"(?<=[^\n])\n(?=[^\n])")  # the sample's story separator
@@ -229,13 +235,15 @@ def _check(name, value, ok, allowed):
 
 def load_corpus(path: str | os.PathLike | None = None, *, vocab_size: int, seq_len: int, n_samples: int | None = None,
                 sampling: str = "stories", tokenizer: str = "word", repair: bool = True,
-                max_stories: int | None = None) -> Corpus:
+                max_stories: int | None = None, short_corpus: str = "error") -> Corpus:
     """Tokenize a TinyStories source and cut samples of seq_len + 1 tokens.
 
     tokenizer "word": the paper's word-level vocabulary of the `vocab_size` most frequent
     tokens. "bpe": a byte-pair-encoding vocabulary of `vocab_size` tokens trained on the same
     stories with the `tokenizers` library (every token is in its vocabulary). n_samples keeps
-    the first samples in corpus order (None: all); a source with fewer is refused (CorpusError).
+    the first samples in corpus order (None: all); a source with fewer is refused (CorpusError)
+    unless short_corpus="all", which keeps all it has (info["short"] True, info["samples_asked"]
+    the n_samples asked for).
     """
     _check("sampling", sampling, sampling in SAMPLINGS, f"one of {SAMPLINGS}")
     _check("tokenizer", tokenizer, tokenizer in TOKENIZERS, f"one of {TOKENIZERS}")
@@ -243,6 +251,7 @@ def load_corpus(path: str | os.PathLike | None = None, *, vocab_size: int, seq_l
     _check("seq_len", seq_len, isinstance(seq_len, int) and seq_len >= 1, "an integer >= 1")
     _check("n_samples", n_samples, n_samples is None or (isinstance(n_samples, int) and n_samples >= 1),
            "None or an integer >= 1")
+    _check("short_corpus", short_corpus, short_corpus in SHORT_CORPUS, f"one of {SHORT_CORPUS}")
     source = resolve_source(path)
     stories = read_stories(source, max_stories)
     if repair:
@@ -259,21 +268,24 @@ def load_corpus(path: str | os.PathLike | None = None, *, vocab_size: int, seq_l
         raise CorpusError(f"no sample of {seq_len + 1} in-vocabulary tokens in {source} with vocab_size={vocab_size} "
                           f"and sampling={sampling!r}; try a smaller seq_len, a larger vocab_size or "
                           f"sampling='windows'")
-    if n_samples is not None and available < n_samples:
+    short = n_samples is not None and available < n_samples
+    if short and short_corpus == "error":
         # Never train on fewer samples than asked for without a word: a profile that names the paper's
         # n_samples would otherwise be graded as the paper's setting on a fraction of its data.
         kind = "whole stories" if sampling == "stories" else "windows"
         raise CorpusError(f"only {available} {kind} of {seq_len + 1} in-vocabulary tokens in {source} "
                           f"(vocab_size={vocab_size}), but n_samples = {n_samples}; point tinystories_path or "
                           f"CIRCUITBOOK_TINYSTORIES at the full data set, or set n_samples (null: all, "
-                          f"shown on the scorecard as a deviation) or sampling='windows'")
+                          f"shown on the scorecard as a deviation), sampling='windows' or short_corpus='all' "
+                          f"(all there are, the deviation stated on the rows)")
     if n_samples is not None:
         samples = samples[:n_samples]
     n_tokens = sum(len(e) for e in encoded)
     in_vocab = sum(sum(i >= 0 for i in e) for e in encoded)
     info = {"source": str(source), "stories": len(stories), "tokens": n_tokens,
             "coverage": in_vocab / max(n_tokens, 1), "samples_available": available, "samples": len(samples),
-            "sampling": sampling, "tokenizer": tokenizer, "repair": repair}
+            "samples_asked": n_samples, "short": short, "sampling": sampling, "tokenizer": tokenizer,
+            "repair": repair}
     return Corpus(torch.tensor(samples, dtype=torch.long), vocab, info)
 
 

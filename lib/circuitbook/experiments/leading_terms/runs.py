@@ -6,6 +6,11 @@ Params; `notebook_runs(cfg)` is the chapter's registry (what each notebook train
 Steps, epochs and s * eta: with n samples and batch b there are ceil(n / b) steps per epoch; what
 the claims depend on is s * eta (steps times learning rate), so a profile that trains fewer steps
 keeps the paper's s * eta by raising eta (see profiles.yml).
+
+A short corpus (`short_corpus: all`, the full profile on the book's sample): the corpus holds fewer
+samples than `n_samples` asks for, so every notebook uses all it has, and training keeps the steps
+that `n_samples` would give (`train_steps`), so s * eta stays the profile's (the paper's at full);
+the notebooks state it on their rows at run time (`context.note_deviation`).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ... import context, params
 from ...models.onehot import OneHotConfig
 from ...tasks import corpus as corpus_lib
 from ...tasks.base import Batch
@@ -35,20 +41,36 @@ PAPER_LM = "pythia-1.4b"  # a checkpoint folder whose parent's name holds this i
 # =============================================================================
 
 @functools.lru_cache(maxsize=4)
-def _cached_corpus(path, vocab_size, seq_len, n_samples, sampling, tokenizer, repair):
+def _cached_corpus(path, vocab_size, seq_len, n_samples, sampling, tokenizer, repair, short_corpus):
     return corpus_lib.load_corpus(path, vocab_size=vocab_size, seq_len=seq_len, n_samples=n_samples,
-                                  sampling=sampling, tokenizer=tokenizer, repair=repair)
+                                  sampling=sampling, tokenizer=tokenizer, repair=repair, short_corpus=short_corpus)
 
 
 def _corpus_args(cfg) -> tuple:
     path = corpus_lib.resolve_source(cfg.get("tinystories_path"))
     return (str(path), cfg.vocab_size, cfg.seq_len, cfg.get("n_samples"), cfg.sampling,
-            cfg.get("tokenizer") or "word", cfg.repair_mojibake)
+            cfg.get("tokenizer") or "word", cfg.repair_mojibake, cfg.get("short_corpus") or "error")
 
 
 def load_corpus(cfg) -> corpus_lib.Corpus:
-    """The corpus of a notebook's Params (tinystories_path or $CIRCUITBOOK_TINYSTORIES), cached."""
-    return _cached_corpus(*_corpus_args(cfg))
+    """The corpus of a notebook's Params (tinystories_path or $CIRCUITBOOK_TINYSTORIES), cached. A short
+    corpus taken whole (`short_corpus: all`) is stated on the notebook's rows (`short_corpus_deviation`)."""
+    corpus = _cached_corpus(*_corpus_args(cfg))
+    if corpus.info["short"]:
+        context.note_deviation(short_corpus_deviation(cfg, corpus))
+    return corpus
+
+
+def short_corpus_deviation(cfg, corpus: corpus_lib.Corpus) -> str:
+    """What a short corpus changes, for the scorecard rows: samples used against samples asked for (the
+    paper's count), and that the full data set restores the paper's setting."""
+    kind = "whole stories" if corpus.info["sampling"] == "stories" else "windows"
+    paper = params.paper_values(cfg.chapter, cfg.notebook).get("n_samples")
+    paper_text = f"the paper's {paper:,} samples" if paper else "the samples n_samples asks for"
+    return (f"only {corpus.info['samples']:,} {kind} of {corpus.seq_len + 1} in-vocabulary tokens (|V| = "
+            f"{len(corpus.vocab):,}, {corpus.info['tokenizer']} tokens) are in {Path(corpus.info['source']).name}, "
+            f"not the {corpus.info['samples_asked']:,} that n_samples asks for: short_corpus = all uses all of them; "
+            f"the full TinyStories data set (tinystories_path) gives {paper_text}")
 
 
 def make_task(cfg) -> corpus_lib.CorpusTask:
@@ -62,7 +84,16 @@ def batch_size(cfg) -> int:
 
 
 def steps_per_epoch(cfg) -> int:
+    """SGD steps per pass over the samples the corpus holds."""
     return -(-len(load_corpus(cfg).samples) // batch_size(cfg))
+
+
+def train_steps(cfg) -> int:
+    """epochs * ceil(n_samples / batch_size), n_samples as asked (all samples where null): a short corpus
+    taken whole keeps the profile's steps, so s * eta is unchanged (3,200 steps at full: the paper's 100
+    epochs of 32 batches of 2,048). With the samples asked for, epochs * steps_per_epoch."""
+    asked = cfg.get("n_samples") or len(load_corpus(cfg).samples)
+    return cfg.epochs * -(-asked // cfg.batch_size)
 
 
 def first_batch(cfg) -> Batch:
@@ -103,7 +134,7 @@ def model_config(cfg) -> OneHotConfig:
 def train_config(cfg) -> TrainConfig:
     """Plain SGD (no momentum, no weight decay), one member per learning rate in `lrs`."""
     lrs = tuple(cfg.lrs)
-    return TrainConfig(steps=cfg.epochs * steps_per_epoch(cfg), batch_size=batch_size(cfg),
+    return TrainConfig(steps=train_steps(cfg), batch_size=batch_size(cfg),
                        seeds=tuple(cfg.seed + i for i in range(len(lrs))), lr=lrs, weight_decay=0.0,
                        optimizer="sgd", eval_every=cfg.eval_every, checkpoint_every=None,
                        log_checkpoints=cfg.log_checkpoints, micro_batch_size=cfg.get("micro_batch_size"))
@@ -113,7 +144,19 @@ def main_run(cfg, name: str = MAIN) -> Run:
     """Train (or load) the paper's model on the Params' corpus, one member per lr (member k: `cfg.lrs[k]`),
     every member on the same batches; `CosineEvaluator` logs every weight's cosine with its leading term.
     name: MAIN (word tokens, 02 and 03) or BPE (04)."""
-    return train(name, model_config(cfg), make_task(cfg), train_config(cfg), evaluate=cosine_evaluator(cfg))
+    tc = train_config(cfg)
+    if load_corpus(cfg).info["short"]:
+        context.note_deviation(short_corpus_steps(cfg, tc))
+    return train(name, model_config(cfg), make_task(cfg), tc, evaluate=cosine_evaluator(cfg))
+
+
+def short_corpus_steps(cfg, tc: TrainConfig) -> str:
+    """How a run on a short corpus keeps s * eta: the steps n_samples would have given, on fewer samples."""
+    s_eta = " and ".join(f"{tc.steps * lr:g}" for lr in tc.lr)
+    return (f"on {len(load_corpus(cfg).samples):,} samples one epoch is {steps_per_epoch(cfg)} step(s) of "
+            f"{tc.batch_size:,}: the run keeps the {tc.steps:,} SGD steps of {cfg.epochs} epochs of "
+            f"{cfg.n_samples:,} samples in batches of {cfg.batch_size:,}, so s * eta ends at {s_eta}, as on "
+            f"{cfg.n_samples:,} samples")
 
 
 # =============================================================================
