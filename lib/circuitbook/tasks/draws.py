@@ -17,10 +17,12 @@ defined on the CPU and on CUDA, and equal to the pure-Python definition `word()`
 
 A state of two 32-bit lanes (a, b) absorbs one 32-bit word w as a <- mix(a ^ w), b <- mix(b ^ a). From fixed
 initial lanes the state absorbs the member key's low and high halves (once, when the stream is built), the
-step, then `site << 24 | row`; the element's word is mix(b ^ column). Two lanes keep the state 64 bits wide
-up to the row, so two members' (or two steps') streams coincide only if both lanes do (about 2^-64), not
-whenever one 32-bit lane does. Limits, checked where the values are known on the host: keys in [0, 2^64),
-steps in [0, 2^32), sites in [0, 256), rows in [0, 2^24), columns in [0, 2^32).
+step, then `site << 24 | row`; the element's word is mix(b ^ (column * (2 a + 1) mod 2^32)). Column 0
+reads lane b, column 1 then fixes lane a (to its top bit), so two rows (of any members, steps or sites)
+agree on their first two columns only if their states do (about 2^-63), not whenever one 32-bit lane does
+(which, at 2^-32 a pair, would repeat some rows of a long run); and the odd multiplier keeps a row's
+columns distinct inputs of the bijection `mix`. Limits, checked where the values are known on the host: keys in [0, 2^64),
+steps in [0, 2^32), sites in [0, 256), rows in [0, 2^24), columns in [0, 2^16) (so column * (2 a + 1) < 2^49).
 
 Turning words into draws (no float arithmetic before the last step)
 -------------------------------------------------------------------
@@ -55,6 +57,7 @@ _IV = (0x243F6A88, 0x85A308D3)  # the initial lanes (digits of pi)
 SITE_BITS, ROW_BITS = 8, 24
 MAX_STEP = (1 << 32) - 1
 MAX_ROWS = 1 << ROW_BITS
+MAX_COLUMNS = 1 << 16
 SORT_COLUMN_BITS = 16  # sort_keys: the column in the low 16 bits
 
 
@@ -89,12 +92,12 @@ def check_step(step: int) -> int:
 
 def word(key: int, step: int, site: int, row: int, column: int) -> int:
     """One random word, by the definition (plain integers): what `Stream.words` computes for every element."""
-    if not (0 <= site < 1 << SITE_BITS and 0 <= row < MAX_ROWS and 0 <= column <= MASK32):
+    if not (0 <= site < 1 << SITE_BITS and 0 <= row < MAX_ROWS and 0 <= column < MAX_COLUMNS):
         raise ValueError(f"site, row, column out of range: {site}, {row}, {column}")
     a, b = key_state(key)
     a, b = absorb(a, b, check_step(step))
     a, b = absorb(a, b, site << ROW_BITS | row)
-    return mix(b ^ column)
+    return mix(b ^ ((column * (2 * a + 1)) & MASK32))
 
 
 class Stream:
@@ -131,11 +134,12 @@ class Stream:
 
     def words(self, step, site: int, rows: int, width: int) -> torch.Tensor:
         """[K, rows, width] words: element (k, r, c) is word(key_k, step(_k), site, r, c)."""
-        if not (0 <= site < 1 << SITE_BITS and 1 <= rows <= MAX_ROWS and width >= 1):
-            raise ValueError(f"site in [0, 256), rows in [1, 2^24] and width >= 1 needed, got {site}, {rows}, {width}")
+        if not (0 <= site < 1 << SITE_BITS and 1 <= rows <= MAX_ROWS and 1 <= width <= MAX_COLUMNS):
+            raise ValueError(f"site in [0, 256), rows in [1, 2^24] and width in [1, 2^16] needed, got {site}, {rows}, "
+                             f"{width}")
         a, b = absorb(self.a, self.b, self.step_tensor(step))
         a, b = absorb(a[:, None], b[:, None], self.arange(rows, site << ROW_BITS))
-        return mix(b[:, :, None] ^ self.arange(width))
+        return mix(b[:, :, None] ^ ((self.arange(width) * (2 * a + 1)[:, :, None]) & MASK32))
 
 
 # ---------------------------------------------------------------- words -> draws
