@@ -513,8 +513,8 @@ class _Group:
         self.task = t = tasks[0]
         self.stream = draws.Stream(keys, device)
         law = lambda name: torch.tensor([draws.cumulative_thresholds(dict(u.choices())[name].tolist())  # noqa: E731
-                                         for u in tasks], device=device)
-        self.pair0, self.canon = law("pair0"), law("canon0")[:, None, None, :]  # [Kg, C - 1] thresholds
+                                         for u in tasks], device=device)[:, None, None, :]  # [Kg, 1, 1, C - 1]
+        self.pair0, self.canon = law("pair0"), law("canon0")
         self.rare = law("rare") if t.f_r > 0 else None
         widths = {"pair0": 1, "pairs": t.n_pairs, "orient": -(-t.common_draws // 32),
                   "rare": int(t.f_r > 0), "rare_keys": t.n_rare if t.f_r > 0 else 0, "canon": 1 + t.n_distractors,
@@ -529,10 +529,10 @@ class _Group:
         t, c = self.task, self.cols
         w = self.stream.words(step, SITE_ROWS, B, self.width)  # [Kg, B, width]
         K = w.shape[0]
-        first = draws.categorical(w[..., c["pair0"]], self.pair0[:, None, :])  # [Kg, B, 1]
+        first = draws.categorical(w[..., c["pair0"]], self.pair0)  # [Kg, B, 1]
         keys = draws.sort_keys(w[..., c["pairs"]]).scatter(-1, first, -1)  # the first pair sorts first
         pairs = keys.argsort(-1)[..., :t.common_draws]
-        is_rare = (draws.categorical(w[..., c["rare"]], self.rare[:, None, :])[..., 0].bool() if self.rare is not None
+        is_rare = (draws.categorical(w[..., c["rare"]], self.rare)[..., 0].bool() if self.rare is not None
                    else torch.zeros(K, B, dtype=torch.bool, device=w.device))
         rare = draws.sort_keys(w[..., c["rare_keys"]]).argsort(-1)[..., :t.chain_len] if t.f_r > 0 else None
         offset = (draws.below(w[..., c["offset"]], t.seq_len) if t.offsets == "cyclic"
