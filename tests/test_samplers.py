@@ -274,6 +274,20 @@ def test_members_batches_do_not_depend_on_the_other_members(name):
     assert not torch.equal(whole[0], data_sampler(tasks, seeds)(8, 16)[0])
 
 
+def test_prefetched_blocks_equal_one_step_at_a_time(monkeypatch):
+    """The loop's sampler makes several steps per call: the same batches in any order of steps and sizes."""
+    from circuitbook.tasks.base import Prefetch
+
+    monkeypatch.setattr(Prefetch, "ROWS", 64)  # blocks of 4 steps at 2 members x 8 rows
+    tasks = SAMPLED["blocklist"]()[:2]
+    sampler, direct = data_sampler(tasks, [1, 2]), data_sampler(tasks, [1, 2]).sampler
+    assert isinstance(sampler, Prefetch)
+    for step, batch in [(0, 8), (1, 8), (5, 8), (3, 8), (6, 8), (6, 4), (7, 8), (2 ** 32 - 1, 8)]:
+        for a, b in zip(sampler(step, batch), direct(step, batch)):
+            assert torch.equal(a, b), (step, batch)
+    assert sampler.capturable and len(sampler.groups) == 2  # b = 1 and b = 2
+
+
 class ToyTask:
     """A task with only train_batch (as a user's): the generic sampler serves it."""
 

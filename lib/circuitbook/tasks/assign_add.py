@@ -640,8 +640,10 @@ class AssignAddTask:
 SITE_ROWS = 0  # the stream site of a batch's rows
 # The words of one training row, by column of `draws.Stream.words`.
 W_TYPE, W_SLOT, W_PAIR, W_LEFT, W_FIRST_VALUE, W_COUNT, W_SUBSET, W_LAYOUT, W_VALUES = range(9)
-ROW_WORDS = W_VALUES + MAX_ASSIGNMENTS  # one value word per block place (distractors use at most 5)
+MAX_DISTRACTORS = MAX_ASSIGNMENTS - 1  # every sequence has a required assignment (an operand or the featured one)
+ROW_WORDS = W_VALUES + MAX_DISTRACTORS  # one value word per distractor
 MAX_SETS = MAX_ASSIGNMENTS + 1  # subset tables are indexed by m * MAX_SETS + d
+MAX_COPIES = 3  # blocks of one required assignment (a bursty task's repeats)
 
 
 @lru_cache(maxsize=None)
@@ -649,31 +651,30 @@ def _prefix_tables() -> dict[str, torch.Tensor]:
     """The prefix's combinatorics as tables, so that a row's prefix is a few lookups (no sorting):
 
     subsets: every d-subset of range(m) (distractors among the m variables that are not required), padded
-    to 6 columns; those of (m, d) at rows subset_start[i] .. + subset_count[i], i = m * 7 + d.
+    to 5 columns; those of (m, d) at rows subset_start[i] .. + subset_count[i], i = m * 7 + d.
     layouts: every arrangement of k assignment blocks among the 12 - 2k PADs (C(12 - k, k) choices of the
-    block places) crossed with every order of the k blocks (k!); a row holds the prefix's 12 codes: 2 j + 0
-    / 1 the variable / value token of block j, 12 a PAD; those of k at rows layout_start[k] .. + layout_count[k].
+    block places) crossed with every order of the k blocks (k!); a row holds the prefix position of each
+    block (its variable token; the value follows), blocks k .. 8 at position 12 (a column the query core
+    overwrites); those of k at rows layout_start[k] .. + layout_count[k].
     A uniform subset and a uniform layout row draw what `_render` draws: a uniform set of distractors, a
     uniform order of the blocks, a uniform placement of the PADs.
     """
     subset_rows, sub_start, sub_count = [], [0] * (N_VARS + 1) * MAX_SETS, [0] * (N_VARS + 1) * MAX_SETS
     for m in range(N_VARS + 1):
-        for d in range(min(m, MAX_ASSIGNMENTS) + 1):
+        for d in range(min(m, MAX_DISTRACTORS) + 1):
             sub_start[m * MAX_SETS + d], sub_count[m * MAX_SETS + d] = len(subset_rows), math.comb(m, d)
-            subset_rows += [list(c) + [0] * (MAX_ASSIGNMENTS - d) for c in combinations(range(m), d)]
+            subset_rows += [list(c) + [0] * (MAX_DISTRACTORS - d) for c in combinations(range(m), d)]
     layout_rows, lay_start, lay_count = [], [], []
     for k in range(MAX_ASSIGNMENTS + 1):
         lay_start.append(len(layout_rows))
         for places in combinations(range(PREFIX_LEN - k), k):
+            # item i of the prefix (a block or a PAD) starts at i plus one for every block before it
+            starts = [item + sum(p < item for p in places) for item in places]
             for order in permutations(range(k)):
-                codes, blocks = [], iter(order)
-                for item in range(PREFIX_LEN - k):
-                    if item in places:
-                        j = next(blocks)
-                        codes += [2 * j, 2 * j + 1]
-                    else:
-                        codes.append(PREFIX_LEN)
-                layout_rows.append(codes)
+                position = [PREFIX_LEN] * (MAX_ASSIGNMENTS + MAX_COPIES)
+                for place, block in zip(starts, order):
+                    position[block] = place
+                layout_rows.append(position)
         lay_count.append(len(layout_rows) - lay_start[-1])
     tensor = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
     return {"subsets": tensor(subset_rows), "subset_start": tensor(sub_start), "subset_count": tensor(sub_count),
@@ -704,7 +705,7 @@ class AssignAddSampler:
     distinct distractors with uniform values, and a uniform arrangement of blocks and PADs (`_prefix_tables`).
     """
 
-    capturable = True
+    capturable = multi_step = True
 
     def __init__(self, tasks: Sequence[AssignAddTask], keys: Sequence[int], device: str | torch.device = "cpu"):
         moduli = {t.modulus for t in tasks}
@@ -724,7 +725,8 @@ class AssignAddSampler:
         self.tables = {name: on(t) for name, t in _prefix_tables().items()}
 
     def __call__(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        w = self.stream.words(step, SITE_ROWS, check_batch_size(batch_size), ROW_WORDS)  # [K, B, ROW_WORDS]
+        """(tokens [K, B, 16], labels [K, B]); with a list of S steps, [K, S * B, ...] (rows step-major)."""
+        w = self.stream.words(step, SITE_ROWS, check_batch_size(batch_size), ROW_WORDS)  # [K, rows, ROW_WORDS]
         q = self.queries(w)
         return self.render(q, w), (q.n1 + q.n2) % self.modulus
 
@@ -741,7 +743,14 @@ class AssignAddSampler:
         return Queries(seq_type, left, right, pair // self.modulus, pair % self.modulus, featured)
 
     def render(self, q: Queries, w: torch.Tensor) -> torch.Tensor:
-        """The token sequences [K, B, 16] of the query cores q, their prefixes drawn from the words w."""
+        """The token sequences [K, B, 16] of the query cores q, their prefixes drawn from the words w.
+
+        The k blocks in canonical order: the d distractors, the first variable's c_first copies, the right
+        operand's c_right; a layout row gives each its place. Writing the distractors, then the first
+        variable's three possible copies, then the right operand's three, every place ends up with its block
+        (a copy beyond its count lands on a later block's place, which that block then overwrites, or in the
+        core's columns, which the core overwrites last).
+        """
         t, task = self.tables, self.task
         has_left, has_right = q.left_var >= 0, q.right_var >= 0
         first_var = torch.where(has_left, q.left_var, q.featured)  # -1: none (1-var-right)
@@ -753,24 +762,26 @@ class AssignAddSampler:
         d = draws.below(w[..., W_COUNT], MAX_SETS - c_req)  # distractors: k - c_req, k uniform on [c_req, 6]
         sets = (N_VARS - n_req) * MAX_SETS + d
         pick = t["subset_start"].take(sets) + draws.below(w[..., W_SUBSET], t["subset_count"].take(sets))
-        subset = t["subsets"].index_select(0, pick.flatten()).view(*pick.shape, MAX_ASSIGNMENTS)
+        subset = t["subsets"].index_select(0, pick.flatten()).view(*pick.shape, MAX_DISTRACTORS)
         # subset entries count the variables that are not required: skip the required ones, the lower first
         r1 = torch.where(first_var >= 0, first_var, N_VARS)
         r2 = torch.where(has_right, q.right_var, N_VARS)
         distractor = subset + (subset >= torch.minimum(r1, r2)[..., None])
         distractor = distractor + (distractor >= torch.maximum(r1, r2)[..., None])
-        # the blocks in canonical order: the d distractors, the first variable's c_first, the right operand's
-        j = self.stream.arange(MAX_ASSIGNMENTS)
-        in_set, in_first = j < d[..., None], j < (d + c_first)[..., None]
-        block_var = torch.where(in_set, distractor, torch.where(in_first, first_var[..., None], q.right_var[..., None]))
-        block_val = torch.where(in_set, draws.below(w[..., W_VALUES:], self.modulus),
-                                torch.where(in_first, first_val[..., None], q.n2[..., None]))
-        block_tokens = torch.stack([task.VAR0 + block_var, block_val], -1).flatten(-2)  # [K, B, 12]
         k = d + c_req
         row = t["layout_start"].take(k) + draws.below(w[..., W_LAYOUT], t["layout_count"].take(k))
-        code = t["layouts"].index_select(0, row.flatten()).view(*row.shape, PREFIX_LEN)
-        prefix = torch.cat([block_tokens, torch.full_like(block_tokens[..., :1], task.PAD)], -1).gather(-1, code)
-        lhs = torch.where(has_left, task.VAR0 + q.left_var, q.n1)
-        rhs = torch.where(has_right, task.VAR0 + q.right_var, q.n2)
-        core = torch.stack([torch.full_like(lhs, task.PLUS), lhs, rhs, torch.full_like(lhs, task.EQ)], -1)
-        return torch.cat([prefix, core], -1)
+        place = t["layouts"].index_select(0, row.flatten()).view(*row.shape, -1)  # [K, B, 9]
+        copies = self.stream.arange(MAX_COPIES)
+        first_place = place.gather(-1, d[..., None] + copies)
+        right_place = place.gather(-1, (d + c_first)[..., None] + copies)
+        tokens = torch.full((*k.shape, SEQ_LEN), task.PAD, dtype=torch.long, device=self.device)
+        for where, var, value in ((place[..., :MAX_DISTRACTORS], distractor, draws.below(w[..., W_VALUES:], self.modulus)),
+                                  (first_place, first_var[..., None], first_val[..., None]),
+                                  (right_place, q.right_var[..., None], q.n2[..., None])):
+            tokens.scatter_(-1, where, (task.VAR0 + var).expand(where.shape))
+            tokens.scatter_(-1, where + 1, value.expand(where.shape))
+        tokens[..., PREFIX_LEN] = task.PLUS
+        tokens[..., PREFIX_LEN + 1] = torch.where(has_left, task.VAR0 + q.left_var, q.n1)
+        tokens[..., PREFIX_LEN + 2] = torch.where(has_right, task.VAR0 + q.right_var, q.n2)
+        tokens[..., PREFIX_LEN + 3] = task.EQ
+        return tokens

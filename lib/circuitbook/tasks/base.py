@@ -7,9 +7,10 @@ run in one piece would have drawn. A member's key is `data_key(seed)`.
 `make_sampler(tasks, keys, device)` builds, once per run, the callable `sampler(step, batch_size)` ->
 (tokens [K, B, T], labels [K, B] or [K, B, T]) on the training device. A task class that defines the
 classmethod `batch_sampler(tasks, keys, device)` makes all its members' batches in one vectorised call from
-the counter-based stream of `tasks.draws` (capturable in a CUDA graph: see that module's docstring); a task
-that only implements `train_batch(step, batch_size, key)` goes through `StackedSampler`, its batches made
-member by member on the host. For the book's tasks `train_batch` is the sampler's batch of one member (what
+the counter-based stream of `tasks.draws` (capturable in a CUDA graph: see that module's docstring); asked
+for one int step at a time, such a sampler makes a few steps' batches per call (`Prefetch`). A task that
+only implements `train_batch(step, batch_size, key)` goes through `StackedSampler`, its batches made member
+by member on the host. For the book's tasks `train_batch` is the sampler's batch of one member (what
 notebooks read as "the batches this member trained on"); `reference_batch` is the batch the book drew before
 issue 36 (a `torch.Generator` per member and step): the same distribution by other code, which the tests
 and `benchmarks/data.py` compare the sampler with.
@@ -22,7 +23,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from .draws import Stream, check_step
+from .draws import MAX_STEP, Stream, check_step
 
 IGNORE_INDEX = -100  # label value skipped by the loss (next-token positions, padded rows)
 SITE_EPOCH = 1  # the stream site of a fixed dataset's epoch orders
@@ -74,9 +75,10 @@ def make_sampler(tasks: Sequence, keys: Sequence[int], device: str | torch.devic
         raise ValueError(f"make_sampler: {len(tasks)} tasks for {len(keys)} keys; give one task per key")
     cls = type(tasks[0])
     build = getattr(cls, "batch_sampler", None)
-    if build is not None and all(type(t) is cls for t in tasks):
-        return build(list(tasks), list(keys), device)
-    return StackedSampler(tasks, keys, device)
+    if build is None or any(type(t) is not cls for t in tasks):
+        return StackedSampler(tasks, keys, device)
+    sampler = build(list(tasks), list(keys), device)
+    return Prefetch(sampler, len(tasks)) if getattr(sampler, "multi_step", False) else sampler
 
 
 def check_batch_size(batch_size) -> int:
@@ -105,6 +107,38 @@ class StackedSampler:
         batches = [t.train_batch(step, batch_size, k) for t, k in zip(self.tasks, self.keys)]
         return (torch.stack([b.tokens for b in batches]).to(self.device),
                 torch.stack([b.labels for b in batches]).to(self.device))
+
+
+class Prefetch:
+    """A sampler that accepts a list of steps (`multi_step`: rows [K, S * B, ...], step-major), asked for
+    one int step at a time: it makes the batches of the next few steps in one call (about ROWS rows, at most
+    AHEAD steps) and serves them one by one, so the fixed cost of a call (the Python and the launches of its
+    ops) is paid once per block. Every batch is a pure function of (key, step), so a block's batches are
+    those of its steps made one at a time; a tensor step (a captured step) makes its own batch. The batches
+    served are views of the block: read them, do not write into them."""
+
+    ROWS, AHEAD = 16384, 32
+
+    def __init__(self, sampler, n_members: int):
+        self.sampler, self.n_members, self.capturable = sampler, n_members, sampler.capturable
+        self._block: tuple = (None, -1, 0, None)  # (batch size, first step, steps, (tokens, labels) [S, K, B, ...])
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["sampler"], name)
+
+    def __call__(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.is_tensor(step):
+            return self.sampler(step, batch_size)
+        step, B = check_step(step), check_batch_size(batch_size)
+        size, first, count, made = self._block
+        if size != B or not first <= step < first + count:
+            ahead = max(1, min(self.AHEAD, self.ROWS // (self.n_members * B)))
+            steps = list(range(step, min(step + ahead, MAX_STEP + 1)))
+            K, S = self.n_members, len(steps)
+            made = tuple(x.view(K, S, B, *x.shape[2:]).transpose(0, 1).contiguous() for x in self.sampler(steps, B))
+            size, first, count = B, step, S
+            self._block = (size, first, count, made)
+        return made[0][step - first], made[1][step - first]
 
 
 # ---------------------------------------------------------------- a finite training set

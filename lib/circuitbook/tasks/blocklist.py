@@ -482,7 +482,7 @@ class BlockListSampler:
     word per element (`draws.sort_keys`), i.e. uniform, as the uniform Lehmer codes of `choices()` are.
     """
 
-    capturable = True
+    capturable = multi_step = True
 
     def __init__(self, tasks, keys, device="cpu"):
         self.device = torch.device(device)
@@ -499,6 +499,7 @@ class BlockListSampler:
         self.inverse = torch.tensor(order, device=self.device).argsort()  # group order -> member order
 
     def __call__(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [K, B, T], labels [K, B]); with a list of S steps, [K, S * B, ...] (rows step-major)."""
         B = check_batch_size(batch_size)
         made = [g(step, B) for g in self.groups]
         if len(made) == 1:
@@ -527,8 +528,8 @@ class _Group:
 
     def __call__(self, step, B: int) -> tuple[torch.Tensor, torch.Tensor]:
         t, c = self.task, self.cols
-        w = self.stream.words(step, SITE_ROWS, B, self.width)  # [Kg, B, width]
-        K = w.shape[0]
+        w = self.stream.words(step, SITE_ROWS, B, self.width)  # [Kg, rows, width]
+        K, B = w.shape[:2]
         first = draws.categorical(w[..., c["pair0"]], self.pair0)  # [Kg, B, 1]
         keys = draws.sort_keys(w[..., c["pairs"]]).scatter(-1, first, -1)  # the first pair sorts first
         pairs = keys.argsort(-1)[..., :t.common_draws]

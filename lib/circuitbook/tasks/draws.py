@@ -133,12 +133,23 @@ class Stream:
         return self._index[key]
 
     def words(self, step, site: int, rows: int, width: int) -> torch.Tensor:
-        """[K, rows, width] words: element (k, r, c) is word(key_k, step(_k), site, r, c)."""
+        """[K, S * rows, width] words: element (k, s * rows + r, c) is word(key_k, step_s, site, r, c).
+
+        step: an int or a 0-dim int64 tensor (S = 1), a [K] int64 tensor (one step per member, S = 1), or a
+        list of ints (S steps, rows step-major: several steps' batches in one call).
+        """
         if not (0 <= site < 1 << SITE_BITS and 1 <= rows <= MAX_ROWS and 1 <= width <= MAX_COLUMNS):
             raise ValueError(f"site in [0, 256), rows in [1, 2^24] and width in [1, 2^16] needed, got {site}, {rows}, "
                              f"{width}")
-        a, b = absorb(self.a, self.b, self.step_tensor(step))
-        a, b = absorb(a[:, None], b[:, None], self.arange(rows, site << ROW_BITS))
+        if isinstance(step, (list, tuple, range)):
+            steps = torch.tensor([check_step(s) for s in step], dtype=torch.long, device=self.device)
+            a, b = absorb(self.a[:, None], self.b[:, None], steps)  # [K, S]
+        else:
+            step = self.step_tensor(step)
+            step = step[:, None] if torch.is_tensor(step) and step.dim() == 1 else step
+            a, b = absorb(self.a[:, None], self.b[:, None], step)  # [K, 1]
+        a, b = absorb(a[:, :, None], b[:, :, None], self.arange(rows, site << ROW_BITS))  # [K, S, rows]
+        a, b = a.flatten(1), b.flatten(1)
         return mix(b[:, :, None] ^ ((self.arange(width) * (2 * a + 1)[:, :, None]) & MASK32))
 
 
