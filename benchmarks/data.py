@@ -8,8 +8,9 @@ The runs are each notebook's registry at the profile (`circuitbook.plan.planned_
 and batch size the notebooks train; a run read by several notebooks is timed once). Where a notebook cannot be
 planned at the profile (leading_terms at full needs the full TinyStories) its runs are taken at
 --fallback-profile and the row says so. Per run, on the device (CIRCUITBOOK_DEVICE, else CUDA when
-available, else CPU), the mean of --repeats consecutive steps after a warm-up (a fixed dataset's new
-epoch order is made on the step that enters the epoch, so the mean over steps counts it as training pays it):
+available, else CPU), the mean over consecutive steps after a warm-up, a window that holds whole blocks of the
+steps a sampler makes per call (`Prefetch`; --repeats of them) and a whole epoch of a fixed dataset (whose
+order is made on the step that enters the epoch), so the mean is what training pays per step:
   old   each member's `reference_batch(step, batch, key)` (the torch.Generator batches; `train_batch` for a
         task without one), stacked and moved to the device: what `stack_batches` did every step;
   new   `training.data_sampler(tasks, seeds, device)(step, batch)`, built once (as the loop does);
@@ -30,7 +31,7 @@ import torch
 import common
 from circuitbook import plan
 from circuitbook.book import book_notebooks
-from circuitbook.tasks.base import data_key
+from circuitbook.tasks.base import EpochSampler, Prefetch, data_key
 from circuitbook.training import Ensemble, Optimizer, data_sampler, default_device, device_name, train_step
 from circuitbook.training.device import device_policy
 
@@ -57,13 +58,27 @@ def old_batches(tasks, keys, step: int, batch: int, device: torch.device):
     return torch.stack([b.tokens for b in made]).to(device), torch.stack([b.labels for b in made]).to(device)
 
 
+MAX_EPOCH_WINDOW = 512  # steps; a longer epoch is timed over its first 512 steps (its order made on the first)
+
+
+def window(sampler, batch: int, repeats: int) -> tuple[int, int]:
+    """(first step, number of steps) to time: `repeats` whole prefetch blocks, or a whole epoch (at least
+    `repeats` steps), starting at a boundary."""
+    block = sampler.ahead(batch) if isinstance(sampler, Prefetch) else 1
+    epoch = 1
+    if isinstance(sampler, EpochSampler) and not (batch >= sampler.n_max and len(set(sampler.sizes)) == 1):
+        epoch = min(MAX_EPOCH_WINDOW, max(-(-n // batch) for n in sampler.sizes))
+    return max(block, epoch), max(epoch, block * repeats)
+
+
 def bench_run(run, device: torch.device, repeats: int, step_repeats: int) -> dict:
     tc, tasks = run.train_config, run.tasks
     keys = [data_key(s) for s in tc.seeds]
     timed = timer(device)
     sampler = data_sampler(tasks, tc.seeds, device)
     tokens, labels = sampler(0, tc.batch_size)  # warm-up, and the step's batch
-    new = [timed(lambda s=s: sampler(s, tc.batch_size)) for s in range(1, repeats + 1)]
+    first, count = window(sampler, tc.batch_size, repeats)
+    new = [timed(lambda s=s: sampler(s, tc.batch_size)) for s in range(first, first + count)]
     old_batches(tasks, keys, 0, tc.batch_size, device)
     old = [timed(lambda s=s: old_batches(tasks, keys, s, tc.batch_size, device)) for s in range(1, repeats + 1)]
     with device_policy(device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -75,7 +90,8 @@ def bench_run(run, device: torch.device, repeats: int, step_repeats: int) -> dic
     K = tc.n_members
     new_ms, old_ms = statistics.mean(new), statistics.mean(old)
     return {"run": run.dir.name, "members": K, "batch_size": tc.batch_size, "task": type(tasks[0]).__name__,
-            "capturable": bool(sampler.capturable), "old_data_ms": old_ms, "data_ms": new_ms, "step_ms": step,
+            "capturable": bool(sampler.capturable), "timed_steps": [first, first + count], "old_data_ms": old_ms,
+            "data_ms": new_ms, "step_ms": step,
             "data_share_of_step": new_ms / step, "data_ms_per_member_step": new_ms / K,
             "old_data_ms_per_member_step": old_ms / K, "speedup": old_ms / new_ms,
             "data_ms_all": new, "old_data_ms_all": old}
@@ -103,8 +119,9 @@ def table(rows: list[dict], device: torch.device) -> str:
                      f"{r['old_data_ms']:>8.2f} {r['data_ms']:>7.2f} {r['step_ms']:>8.1f} "
                      f"{r['data_share_of_step']:>7.1%}  {r['old_data_ms_per_member_step']:>12.3f} | "
                      f"{r['data_ms_per_member_step']:<10.4f} {r['speedup']:>5.0f}x")
-    lines += ["", "per chapter: the worst run " + ("(target: <= 10% of the step)" if device.type == "cuda"
-                                                   else f"(target: <= {CPU_TARGET_MS_PER_MEMBER_STEP} ms per member-step)")]
+    target = ("(target: <= 10% of the step)" if device.type == "cuda"
+              else f"(target: <= {CPU_TARGET_MS_PER_MEMBER_STEP} ms per member-step)")
+    lines += ["", f"per chapter: the worst run {target}"]
     for chapter in dict.fromkeys(r["chapter"] for r in rows):
         measured = [r for r in rows if r["chapter"] == chapter and "error" not in r]
         if not measured:
@@ -135,7 +152,8 @@ def main() -> None:
     out = args.out or str(common.RESULTS / f"data_{device.type}.json")
     legend = (f"profile {args.profile} on {info['device']}: one step's batches of each run, old = per-member "
               "reference_batch + stack + copy (the path before issue 36), new = the run's sampler on the device "
-              f"(mean of {args.repeats} steps); step = train_step on that batch (fastest of {args.step_repeats}); "
+              "(mean over whole prefetch blocks and epochs, at least --repeats steps); "
+              f"step = train_step on that batch (fastest of {args.step_repeats}); "
               "x = old / new")
     rows, seen = [], set()
     for nb in book_notebooks():

@@ -775,7 +775,8 @@ class AssignAddSampler:
         first_place = place.gather(-1, d[..., None] + copies)
         right_place = place.gather(-1, (d + c_first)[..., None] + copies)
         tokens = torch.full((*k.shape, SEQ_LEN), task.PAD, dtype=torch.long, device=self.device)
-        for where, var, value in ((place[..., :MAX_DISTRACTORS], distractor, draws.below(w[..., W_VALUES:], self.modulus)),
+        values = draws.below(w[..., W_VALUES:], self.modulus)
+        for where, var, value in ((place[..., :MAX_DISTRACTORS], distractor, values),
                                   (first_place, first_var[..., None], first_val[..., None]),
                                   (right_place, q.right_var[..., None], q.n2[..., None])):
             tokens.scatter_(-1, where, (task.VAR0 + var).expand(where.shape))

@@ -126,14 +126,17 @@ class Prefetch:
     def __getattr__(self, name):
         return getattr(self.__dict__["sampler"], name)
 
+    def ahead(self, batch_size: int) -> int:
+        """How many steps one call makes at this batch size."""
+        return max(1, min(self.AHEAD, self.ROWS // (self.n_members * batch_size)))
+
     def __call__(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         if torch.is_tensor(step):
             return self.sampler(step, batch_size)
         step, B = check_step(step), check_batch_size(batch_size)
         size, first, count, made = self._block
         if size != B or not first <= step < first + count:
-            ahead = max(1, min(self.AHEAD, self.ROWS // (self.n_members * B)))
-            steps = list(range(step, min(step + ahead, MAX_STEP + 1)))
+            steps = list(range(step, min(step + self.ahead(B), MAX_STEP + 1)))
             K, S = self.n_members, len(steps)
             made = tuple(x.view(K, S, B, *x.shape[2:]).transpose(0, 1).contiguous() for x in self.sampler(steps, B))
             size, first, count = B, step, S
@@ -197,9 +200,11 @@ class FixedDataset:
 class EpochSampler:
     """FixedDataset batches of K members (one dataset each, possibly one shared object), on one device.
 
-    Epoch orders are argsorts of distinct integer keys ((word << 24) | row), so every device computes the
-    same permutation. With an int step the order of the current epochs is cached (it is a pure function of
-    (key, epoch)); with a tensor step it is recomputed each call, branch-free.
+    The members' datasets are stacked into one table of rows (padded to the longest) plus a padding row (token 0,
+    labels IGNORE_INDEX); a batch is the table's rows at [K, B] ids. Epoch orders are argsorts of distinct
+    integer keys ((word << 24) | row), so every device computes the same permutation. With an int step the
+    row ids of the current epochs are cached (a pure function of (key, epoch)), so a step is one slice and
+    two index_selects; with a tensor step they are recomputed each call, branch-free.
     """
 
     capturable = True
@@ -214,13 +219,16 @@ class EpochSampler:
         self.sizes = [len(t) for t in tasks]
         self.n_max = max(self.sizes)
         self.stream = Stream(keys, self.device)
-        pad = lambda x: torch.cat([x, x[:1].expand(self.n_max - len(x), *x.shape[1:])])  # noqa: E731
-        self.tokens = torch.stack([pad(t.tokens) for t in unique]).to(self.device)  # [U, n_max, T]
-        self.labels = torch.stack([pad(t.labels) for t in unique]).to(self.device)
-        self.source = torch.tensor([where[id(t)] for t in tasks], device=self.device)  # member -> dataset
+        pad = lambda x, fill: torch.cat([x, torch.full((self.n_max - len(x), *x.shape[1:]), fill)])  # noqa: E731
+        self.tokens = torch.cat([pad(t.tokens, 0) for t in unique]
+                                + [torch.zeros_like(unique[0].tokens[:1])]).to(self.device)
+        self.labels = torch.cat([pad(t.labels, IGNORE_INDEX) for t in unique]
+                                + [torch.full_like(unique[0].labels[:1], IGNORE_INDEX)]).to(self.device)
+        self.pad_row = len(unique) * self.n_max  # the padding row: labels IGNORE_INDEX
+        self.first = torch.tensor([where[id(t)] * self.n_max for t in tasks], device=self.device)  # member's rows
         self.size = torch.tensor(self.sizes, device=self.device)
         self._per_epoch: dict[int, torch.Tensor] = {}
-        self._orders: tuple = (None, None)
+        self._epochs: tuple = (None, None, None)  # (batch size, epochs, row ids [K, P * B] of those epochs)
         self._full = None
 
     def _order(self, epoch) -> torch.Tensor:
@@ -230,30 +238,40 @@ class EpochSampler:
         keys = torch.where(rows < self.size[:, None], (words << 24) | rows, 1 << 62)
         return keys.argsort(1)
 
-    def _epoch_orders(self, step, B: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(order of each member's current epoch [K, n_max], position of the step in it [K]) at batch size B."""
+    def _ids(self, order: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Table row ids of epoch positions pos [K, m] (the padding row past a member's rows)."""
+        row = order.gather(1, pos.clamp(max=self.n_max - 1))
+        return torch.where(pos < self.size[:, None], self.first[:, None] + row, self.pad_row)
+
+    def _step_ids(self, step, B: int) -> torch.Tensor:
         per_epoch = [max(1, -(-n // B)) for n in self.sizes]
         if torch.is_tensor(step):
             if B not in self._per_epoch:
                 self._per_epoch[B] = torch.tensor(per_epoch, device=self.device)
             per, step = self._per_epoch[B], self.stream.step_tensor(step)
-            return self._order(step // per), step % per
+            return self._ids(self._order(step // per), (step % per)[:, None] * B + self.stream.arange(B))
         epochs = tuple(check_step(step) // p for p in per_epoch)
-        if self._orders[0] != epochs:
-            self._orders = (epochs, self._order(torch.tensor(epochs, device=self.device)))
-        return self._orders[1], torch.tensor([step % p for p in per_epoch], device=self.device)
+        if self._epochs[:2] != (B, epochs):
+            span = self.stream.arange(max(per_epoch) * B)
+            self._epochs = (B, epochs, self._ids(self._order(torch.tensor(epochs, device=self.device)),
+                                                 span.expand(len(self.sizes), -1)))
+        within = {step % p for p in per_epoch}
+        ids = self._epochs[2]
+        if len(within) == 1:  # every member at the same place of its epoch (one dataset size): a slice
+            i = within.pop()
+            return ids[:, i * B:(i + 1) * B]
+        pos = torch.tensor([step % p for p in per_epoch], device=self.device)[:, None] * B + self.stream.arange(B)
+        return ids.gather(1, pos)
 
     def __call__(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         B = check_batch_size(batch_size)
+        K = len(self.sizes)
         if B >= self.n_max and len(set(self.sizes)) == 1:  # full batch: every row, in its order
             if self._full is None:
-                self._full = (self.tokens.index_select(0, self.source), self.labels.index_select(0, self.source))
+                ids = (self.first[:, None] + self.stream.arange(self.n_max)).flatten()
+                self._full = (self.tokens.index_select(0, ids).view(K, self.n_max, *self.tokens.shape[1:]),
+                              self.labels.index_select(0, ids).view(K, self.n_max, *self.labels.shape[1:]))
             return self._full
-        order, within = self._epoch_orders(step, B)
-        pos = within[:, None] * B + self.stream.arange(B)  # [K, B]
-        valid = pos < self.size[:, None]
-        row = torch.where(valid, order.gather(1, pos.clamp(max=self.n_max - 1)), order[:, :1])
-        tokens = self.tokens[self.source[:, None], row]
-        labels = self.labels[self.source[:, None], row]
-        valid = valid.view(*valid.shape, *[1] * (labels.dim() - 2))
-        return tokens, torch.where(valid, labels, IGNORE_INDEX)
+        ids = self._step_ids(step, B).reshape(-1)
+        return (self.tokens.index_select(0, ids).view(K, B, *self.tokens.shape[1:]),
+                self.labels.index_select(0, ids).view(K, B, *self.labels.shape[1:]))

@@ -21,8 +21,9 @@ step, then `site << 24 | row`; the element's word is mix(b ^ (column * (2 a + 1)
 reads lane b, column 1 then fixes lane a (to its top bit), so two rows (of any members, steps or sites)
 agree on their first two columns only if their states do (about 2^-63), not whenever one 32-bit lane does
 (which, at 2^-32 a pair, would repeat some rows of a long run); and the odd multiplier keeps a row's
-columns distinct inputs of the bijection `mix`. Limits, checked where the values are known on the host: keys in [0, 2^64),
-steps in [0, 2^32), sites in [0, 256), rows in [0, 2^24), columns in [0, 2^16) (so column * (2 a + 1) < 2^49).
+columns distinct inputs of the bijection `mix`. Limits, checked where the values are known on the host:
+keys in [0, 2^64), steps in [0, 2^32), sites in [0, 256), rows in [0, 2^24), columns in [0, 2^16) (so
+column * (2 a + 1) < 2^49).
 
 Turning words into draws (no float arithmetic before the last step)
 -------------------------------------------------------------------

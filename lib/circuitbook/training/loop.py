@@ -4,7 +4,8 @@
 evaluating every `eval_every` steps and checkpointing on the config's schedule (weights, optimizer state
 and RNG state, log-spaced plus regular). A killed run resumes from its last intact checkpoint and ends
 with the numbers of an uninterrupted one, because every batch is a pure function of (member seed,
-step): the run's sampler (`data_sampler`, built once) makes each step's batches on the training device. Its source is part of every run's key, with `config.py` and `ensemble.py`.
+step): the run's sampler (`data_sampler`, built once) makes each step's batches on the training device.
+Its source is part of every run's key, with `config.py` and `ensemble.py`.
 """
 from __future__ import annotations
 
