@@ -443,19 +443,17 @@ def _strides(sizes: list[int]) -> list[int]:
 
 
 def _decode_lehmer(codes: list[torch.Tensor], n: int) -> torch.Tensor:
-    """Lehmer codes u_j in [0, n - j) -> the first len(codes) elements of a permutation of range(n): [B, len]."""
+    """Lehmer codes u_j in [0, n - j) -> the first len(codes) elements of a permutation of range(n): [B, len].
+
+    Element j is the u_j-th smallest of those not taken before it. From the last code to the first, every
+    later element at or above an earlier one moves up by one: len(codes) vectorised steps, no sorting.
+    """
     if not codes:
         return torch.zeros(0, 0, dtype=torch.long)
-    B, device = codes[0].shape[0], codes[0].device
-    available = torch.ones(B, n, dtype=torch.bool, device=device)
-    rows = torch.arange(B, device=device)
-    out = []
-    for u in codes:
-        rank = available.long().cumsum(1) - 1  # rank of each still-available element
-        pick = ((rank == u[:, None]) & available).float().argmax(1)
-        out.append(pick)
-        available[rows, pick] = False
-    return torch.stack(out, 1)
+    x = torch.stack(codes, 1)
+    for j in range(len(codes) - 2, -1, -1):
+        x[:, j + 1:] += x[:, j + 1:] >= x[:, j:j + 1]
+    return x
 
 
 # ---------------------------------------------------------------- the batched training stream
@@ -474,12 +472,11 @@ class BlockListSampler:
     """Training batches of K members at once, each on its own BlockListTask, from the counter-based stream
     (`tasks.draws`). Capturable (see `tasks.draws`).
 
-    Members whose tasks share a `structure` are one group, made in one call of `BlockListTask.build`; within a
-    group the knobs that only set probabilities (f_r, f_v, zipf) differ per member. Row r of a member reads
-    one word per choice at (key, step, SITE_ROWS, r, column): the first pair from the member's law of `pair0`
-    (Zipf or uniform), `rare` and each `canon` from theirs (`choices()`), gaps, fillers and the offset
-    uniform; each permutation (the remaining pairs, the rare tokens, the blocks' order) is the argsort of one
-    word per element (`draws.sort_keys`), i.e. uniform, as the uniform Lehmer codes of `choices()` are.
+    Members whose tasks share a `structure` are one group, made in one call of `BlockListTask.assemble`;
+    within a group the knobs that only set probabilities (f_r, f_v, zipf) differ per member. Row r of a member
+    reads one word per choice of `choices()` at (key, step, SITE_ROWS, r, column j of choice j) and draws the
+    choice from the member's law of it (`draws.below` where the law is uniform, else `draws.categorical`):
+    the very choices `draw_choices` draws with a torch.Generator, then the same `assemble`.
     """
 
     capturable = multi_step = True
@@ -511,40 +508,33 @@ class _Group:
     """Members whose tasks share one structure: their words, choices and sequences."""
 
     def __init__(self, tasks, keys, device):
-        self.task = t = tasks[0]
+        self.task = tasks[0]
         self.stream = draws.Stream(keys, device)
-        law = lambda name: torch.tensor([draws.cumulative_thresholds(dict(u.choices())[name].tolist())  # noqa: E731
-                                         for u in tasks], device=device)[:, None, None, :]  # [Kg, 1, 1, C - 1]
-        self.pair0, self.canon = law("pair0"), law("canon0")
-        self.rare = law("rare") if t.f_r > 0 else None
-        widths = {"pair0": 1, "pairs": t.n_pairs, "orient": -(-t.common_draws // 32),
-                  "rare": int(t.f_r > 0), "rare_keys": t.n_rare if t.f_r > 0 else 0, "canon": 1 + t.n_distractors,
-                  "order": t.n_blocks, "gaps": t.n_fill, "fills": t.n_fill, "offset": 1}
-        self.cols, at = {}, 0
-        for name, width in widths.items():
-            self.cols[name] = slice(at, at + width)
-            at += width
-        self.width = at
+        laws = [[p.tolist() for _, p in t.choices()] for t in tasks]  # [member][choice] probabilities
+        self.names = [name for name, _ in self.task.choices()]
+        # every choice as if uniform over its outcomes; then the others, runs of neighbouring choices with one
+        # law per member alike (the canon links) drawn together, overwrite theirs
+        self.sizes = torch.tensor([len(p) for p in laws[0]], device=device)
+        self.laws: list[tuple[slice, torch.Tensor]] = []
+        for j, name in enumerate(self.names):
+            if all(len(set(m[j])) == 1 for m in laws):
+                continue
+            law = [m[j] for m in laws]
+            if self.laws and self.laws[-1][0].stop == j and self.laws[-1][2] == law:
+                self.laws[-1] = (slice(self.laws[-1][0].start, j + 1), *self.laws[-1][1:])
+            else:
+                thresholds = torch.tensor([draws.cumulative_thresholds(p) for p in law], device=device)
+                self.laws.append((slice(j, j + 1), thresholds[:, None, None, :], law))
 
     def __call__(self, step, B: int) -> tuple[torch.Tensor, torch.Tensor]:
-        t, c = self.task, self.cols
-        w = self.stream.words(step, SITE_ROWS, B, self.width)  # [Kg, rows, width]
+        t = self.task
+        w = self.stream.words(step, SITE_ROWS, B, len(self.names))  # [Kg, rows, choices]
         K, B = w.shape[:2]
-        first = draws.categorical(w[..., c["pair0"]], self.pair0)  # [Kg, B, 1]
-        keys = draws.sort_keys(w[..., c["pairs"]]).scatter(-1, first, -1)  # the first pair sorts first
-        pairs = keys.argsort(-1)[..., :t.common_draws]
-        is_rare = (draws.categorical(w[..., c["rare"]], self.rare)[..., 0].bool() if self.rare is not None
-                   else torch.zeros(K, B, dtype=torch.bool, device=w.device))
-        rare = draws.sort_keys(w[..., c["rare_keys"]]).argsort(-1)[..., :t.chain_len] if t.f_r > 0 else None
-        offset = (draws.below(w[..., c["offset"]], t.seq_len) if t.offsets == "cyclic"
-                  else torch.zeros_like(w[..., c["offset"]]))
-        flat = lambda x: None if x is None else x.reshape(K * B, *x.shape[2:])  # noqa: E731
-        s = t.build(pairs=flat(pairs), orient=flat(draws.bits(w[..., c["orient"]], t.common_draws)),
-                    is_rare=flat(is_rare), rare=flat(rare),
-                    canon=flat(draws.categorical(w[..., c["canon"]], self.canon).bool()),
-                    order=flat(draws.sort_keys(w[..., c["order"]]).argsort(-1)),
-                    gaps=flat(draws.below(w[..., c["gaps"]], t.n_blocks + 1)),
-                    fills=flat(draws.below(w[..., c["fills"]], t.n_fill_tokens)), offset=flat(offset)[:, 0])
+        values = draws.below(w, self.sizes)
+        for cols, thresholds, _ in self.laws:
+            values[..., cols] = draws.categorical(w[..., cols], thresholds)
+        values = values.view(K * B, -1)
+        s = t.assemble({name: values[:, j] for j, name in enumerate(self.names)})
         return t.model_inputs(s).view(K, B, t.seq_len), s.targets.view(K, B)
 
 
