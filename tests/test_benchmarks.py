@@ -42,3 +42,13 @@ def test_gpu_benchmark_times_each_chapter_model_on_the_device_at_hand(tmp_path):
     (row,) = result["rows"]
     assert row["members"] == 2 and row["speedup"] > 0 and 0 < row["peak_share"]
     assert report["machine"]["matmul_peak_flops"]["fp32"] > 0
+
+
+def test_data_benchmark_times_old_and_new_batches_and_the_step(tmp_path):
+    report = run_script("data.py", "--profile", "smoke", "--chapter", "book", "--repeats", "2", "--step-repeats", "1",
+                        out=tmp_path / "data.json")
+    (row,) = report["results"]
+    assert row["chapter"] == "book" and row["run"] == "tour/modular_addition" and row["capturable"]
+    for key in ("data_ms_per_member_step", "old_data_ms_per_member_step", "step_ms", "data_share_of_step"):
+        assert row[key] > 0, key
+    assert row["members"] >= 1 and row["batch_size"] >= 1

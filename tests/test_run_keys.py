@@ -50,6 +50,7 @@ IN_THE_KEY = [
     ("training/ensemble.py", "p.mul_(1 - lr * wd)", "p.mul_(1.0 - lr * wd)"),
     ("training/config.py", "eps: float = 1e-8", "eps: float = 1e-7"),
     ("tasks/base.py", "IGNORE_INDEX = -100", "IGNORE_INDEX = -99"),
+    ("tasks/draws.py", "_IV = (0x243F6A88, 0x85A308D3)", "_IV = (0x243F6A88, 0x85A308D4)"),  # every task's stream
     ("tasks/modular.py", "class ModularAddition", "X = 1\n\n\nclass ModularAddition"),  # the task's module
     ("training/evaluate.py", "CHUNK = 2048", "CHUNK = 1024"),  # the evaluator's module
     ("models/toy.py", "class LayerNorm(nn.Module):", "Y = 2\n\n\nclass LayerNorm(nn.Module):"),  # the model's module

@@ -91,14 +91,14 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-CORE_SOURCES = ("training/config.py", "training/ensemble.py", "training/loop.py", "tasks/base.py")
+CORE_SOURCES = ("training/config.py", "training/ensemble.py", "training/loop.py", "tasks/base.py", "tasks/draws.py")
 
 
 def code_version(objects: Iterable = (), root: Path | None = None) -> str:
     """Hash of the library code that determines what a training run computes.
 
     The training core (`CORE_SOURCES`: the config, the ensemble and its step, the loop, the batch
-    protocol) plus the modules that define `objects` (the model's class, the task, the evaluation
+    protocol and its random stream) plus the modules that define `objects` (the model's class, the task, the evaluation
     callback, the init function) when they live in this package, and the files such a module names in
     its `RUN_KEY_SOURCES` (code it computes through that lives elsewhere). Nothing else: how a run is chunked,
     planned, scheduled or read back, and every other module, leave its key alone. Each file enters

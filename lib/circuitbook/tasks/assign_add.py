@@ -104,11 +104,15 @@ import math
 import random
 import re
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import torch
 
-from .base import Batch, derive_seed, step_generator
+from functools import lru_cache
+from itertools import combinations, permutations
+
+from . import draws
+from .base import Batch, check_batch_size, derive_seed, one_member_batch, step_generator
 
 VAR_NAMES = tuple("abcdefghijkl")
 N_VARS = len(VAR_NAMES)
@@ -138,7 +142,7 @@ POOL_NAMES = (
     "two_var_var_restricted_two",
 )
 PAD_LAYOUTS = ("random", "left", "right")
-SPEC_VERSION = 2  # bump when the meaning of the generated data changes
+SPEC_VERSION = 3  # bump when the meaning of the generated data changes (3: the batched counter-based stream)
 
 
 class Queries(NamedTuple):
@@ -399,8 +403,20 @@ class AssignAddTask:
                 "not_right": [VAR_NAMES[v] for v in NOT_RIGHT]}
 
     # ------------------------------------------------------------ training data
+    @classmethod
+    def batch_sampler(cls, tasks: Sequence["AssignAddTask"], keys: Sequence[int],
+                      device: str | torch.device = "cpu") -> "AssignAddSampler":
+        """The training batches of members with these tasks (one each; pair splits and r may differ)."""
+        return AssignAddSampler(tasks, keys, device)
+
     def train_batch(self, step: int, batch_size: int, seed: int) -> Batch:
-        _require(_is_int(batch_size) and batch_size >= 1, f"batch_size must be an integer >= 1, got {batch_size!r}")
+        """The batch of the member with stream key `seed` at `step` (`AssignAddSampler`)."""
+        return one_member_batch(self, step, batch_size, seed)
+
+    def reference_batch(self, step: int, batch_size: int, seed: int) -> Batch:
+        """The batch before issue 36: `_training_queries` and `_render` on a torch.Generator seeded from
+        (seed, step). The same distribution as `train_batch`, drawn by other code (tests compare them)."""
+        check_batch_size(batch_size)
         gen = step_generator(seed, step)
         return self._render(self._training_queries(batch_size, gen), gen)
 
@@ -617,3 +633,156 @@ class AssignAddTask:
         _require(not unknown, f"unknown tokens {unknown}")
         _require(len(words) == SEQ_LEN, f"a sequence has {SEQ_LEN} tokens, got {len(words)}")
         return torch.tensor([ids[w] for w in words])
+
+
+# ---------------------------------------------------------------- the batched training stream
+
+SITE_ROWS = 0  # the stream site of a batch's rows
+# The words of one training row, by column of `draws.Stream.words`.
+W_TYPE, W_SLOT, W_PAIR, W_LEFT, W_FIRST_VALUE, W_COUNT, W_SUBSET, W_LAYOUT, W_VALUES = range(9)
+MAX_DISTRACTORS = MAX_ASSIGNMENTS - 1  # every sequence has a required assignment (an operand or the featured one)
+ROW_WORDS = W_VALUES + MAX_DISTRACTORS  # one value word per distractor
+MAX_SETS = MAX_ASSIGNMENTS + 1  # subset tables are indexed by m * MAX_SETS + d
+MAX_COPIES = 3  # blocks of one required assignment (a bursty task's repeats)
+
+
+@lru_cache(maxsize=None)
+def _prefix_tables() -> dict[str, torch.Tensor]:
+    """The prefix's combinatorics as tables, so that a row's prefix is a few lookups (no sorting):
+
+    subsets: every d-subset of range(m) (distractors among the m variables that are not required), padded
+    to 5 columns; those of (m, d) at rows subset_start[i] .. + subset_count[i], i = m * 7 + d.
+    layouts: every arrangement of k assignment blocks among the 12 - 2k PADs (C(12 - k, k) choices of the
+    block places) crossed with every order of the k blocks (k!); a row holds the prefix position of each
+    block (its variable token; the value follows), blocks k .. 8 at position 12 (a column the query core
+    overwrites); those of k at rows layout_start[k] .. + layout_count[k].
+    A uniform subset and a uniform layout row draw what `_render` draws: a uniform set of distractors, a
+    uniform order of the blocks, a uniform placement of the PADs.
+    """
+    subset_rows, sub_start, sub_count = [], [0] * (N_VARS + 1) * MAX_SETS, [0] * (N_VARS + 1) * MAX_SETS
+    for m in range(N_VARS + 1):
+        for d in range(min(m, MAX_DISTRACTORS) + 1):
+            sub_start[m * MAX_SETS + d], sub_count[m * MAX_SETS + d] = len(subset_rows), math.comb(m, d)
+            subset_rows += [list(c) + [0] * (MAX_DISTRACTORS - d) for c in combinations(range(m), d)]
+    layout_rows, lay_start, lay_count = [], [], []
+    for k in range(MAX_ASSIGNMENTS + 1):
+        lay_start.append(len(layout_rows))
+        for places in combinations(range(PREFIX_LEN - k), k):
+            # item i of the prefix (a block or a PAD) starts at i plus one for every block before it
+            starts = [item + sum(p < item for p in places) for item in places]
+            for order in permutations(range(k)):
+                position = [PREFIX_LEN] * (MAX_ASSIGNMENTS + MAX_COPIES)
+                for place, block in zip(starts, order):
+                    position[block] = place
+                layout_rows.append(position)
+        lay_count.append(len(layout_rows) - lay_start[-1])
+    tensor = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    return {"subsets": tensor(subset_rows), "subset_start": tensor(sub_start), "subset_count": tensor(sub_count),
+            "layouts": tensor(layout_rows), "layout_start": tensor(lay_start), "layout_count": tensor(lay_count)}
+
+
+def _two_var_left_table() -> tuple[torch.Tensor, torch.Tensor]:
+    """For each 2-var right operand y: the allowed left operands (a..j other than y), flat [12 * 10], and
+    their count [12]."""
+    width = len(TWO_VAR_LEFT)
+    table, count = torch.zeros(N_VARS, width, dtype=torch.long), torch.zeros(N_VARS, dtype=torch.long)
+    for y in range(N_VARS):
+        allowed = [x for x in TWO_VAR_LEFT if x != y]
+        table[y, :len(allowed)], count[y] = torch.tensor(allowed), len(allowed)
+    return table.flatten(), count
+
+
+class AssignAddSampler:
+    """Training batches of K members at once, each on its own AssignAddTask (its pair split and r), from the
+    counter-based stream (`tasks.draws`); `repeats` of a BurstyAssignAddTask repeat the variable operands'
+    assignments. Capturable (see `tasks.draws`).
+
+    Row r of member k reads ROW_WORDS words (k, step, SITE_ROWS, r, column): the query core as
+    `_training_queries` draws it (type from the member's type shares, the row variable uniform among those its
+    type allows, the pair uniform among the member's training pairs, a 2-var left operand uniform among a..j
+    other than the right one), then the prefix as `_render` draws it: the featured distractor's value, the
+    number of assignment blocks k uniform over the counts that fit the required ones, a uniform set of
+    distinct distractors with uniform values, and a uniform arrangement of blocks and PADs (`_prefix_tables`).
+    """
+
+    capturable = multi_step = True
+
+    def __init__(self, tasks: Sequence[AssignAddTask], keys: Sequence[int], device: str | torch.device = "cpu"):
+        moduli = {t.modulus for t in tasks}
+        _require(len(moduli) == 1, f"the members' tasks must share one modulus, got {sorted(moduli)}")
+        self.device = torch.device(device)
+        self.task, self.modulus = tasks[0], tasks[0].modulus
+        self.stream = draws.Stream(keys, self.device)
+        on = lambda x: x.to(self.device)  # noqa: E731
+        self.type_thresholds = on(torch.tensor([draws.cumulative_thresholds(t.type_probs.tolist()) for t in tasks]))
+        width = max(len(t.train_pairs) for t in tasks)
+        self.pairs = on(torch.stack([torch.cat([t.train_pairs, t.train_pairs.new_zeros(width - len(t.train_pairs))])
+                                     for t in tasks]))
+        self.n_pairs = on(torch.tensor([len(t.train_pairs) for t in tasks]))
+        self.repeats = on(torch.tensor([getattr(t, "repeats", 1) for t in tasks]))
+        self.row_vars, self.n_row_vars = on(tasks[0]._row_var_table.flatten()), on(tasks[0]._n_row_vars)
+        self.left_table, self.left_count = map(on, _two_var_left_table())
+        self.tables = {name: on(t) for name, t in _prefix_tables().items()}
+
+    def __call__(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [K, B, 16], labels [K, B]); with a list of S steps, [K, S * B, ...] (rows step-major)."""
+        w = self.stream.words(step, SITE_ROWS, check_batch_size(batch_size), ROW_WORDS)  # [K, rows, ROW_WORDS]
+        q = self.queries(w)
+        return self.render(q, w), (q.n1 + q.n2) % self.modulus
+
+    def queries(self, w: torch.Tensor) -> Queries:
+        """The query cores (`Queries`, each [K, B]) of the words w [K, B, ROW_WORDS]."""
+        seq_type = draws.categorical(w[..., W_TYPE], self.type_thresholds[:, None, :])
+        var = self.row_vars.take(seq_type * N_VARS + draws.below(w[..., W_SLOT], self.n_row_vars.take(seq_type)))
+        pair = self.pairs.gather(1, draws.below(w[..., W_PAIR], self.n_pairs[:, None]))
+        width = len(TWO_VAR_LEFT)
+        two_left = self.left_table.take(var * width + draws.below(w[..., W_LEFT], self.left_count.take(var)))
+        left = torch.where(seq_type == ONE_VAR_LEFT, var, torch.where(seq_type == TWO_VAR, two_left, -1))
+        right = torch.where((seq_type == ONE_VAR_RIGHT) | (seq_type == TWO_VAR), var, -1)
+        featured = torch.where(seq_type == ZERO_VAR, var, -1)
+        return Queries(seq_type, left, right, pair // self.modulus, pair % self.modulus, featured)
+
+    def render(self, q: Queries, w: torch.Tensor) -> torch.Tensor:
+        """The token sequences [K, B, 16] of the query cores q, their prefixes drawn from the words w.
+
+        The k blocks in canonical order: the d distractors, the first variable's c_first copies, the right
+        operand's c_right; a layout row gives each its place. Writing the distractors, then the first
+        variable's three possible copies, then the right operand's three, every place ends up with its block
+        (a copy beyond its count lands on a later block's place, which that block then overwrites, or in the
+        core's columns, which the core overwrites last).
+        """
+        t, task = self.tables, self.task
+        has_left, has_right = q.left_var >= 0, q.right_var >= 0
+        first_var = torch.where(has_left, q.left_var, q.featured)  # -1: none (1-var-right)
+        first_val = torch.where(has_left, q.n1, draws.below(w[..., W_FIRST_VALUE], self.modulus))
+        reps = self.repeats[:, None]
+        c_first = torch.where(has_left, reps, (first_var >= 0).long())  # blocks of each required assignment
+        c_req = c_first + torch.where(has_right, reps, 0)
+        n_req = (first_var >= 0).long() + has_right.long()
+        d = draws.below(w[..., W_COUNT], MAX_SETS - c_req)  # distractors: k - c_req, k uniform on [c_req, 6]
+        sets = (N_VARS - n_req) * MAX_SETS + d
+        pick = t["subset_start"].take(sets) + draws.below(w[..., W_SUBSET], t["subset_count"].take(sets))
+        subset = t["subsets"].index_select(0, pick.flatten()).view(*pick.shape, MAX_DISTRACTORS)
+        # subset entries count the variables that are not required: skip the required ones, the lower first
+        r1 = torch.where(first_var >= 0, first_var, N_VARS)
+        r2 = torch.where(has_right, q.right_var, N_VARS)
+        distractor = subset + (subset >= torch.minimum(r1, r2)[..., None])
+        distractor = distractor + (distractor >= torch.maximum(r1, r2)[..., None])
+        k = d + c_req
+        row = t["layout_start"].take(k) + draws.below(w[..., W_LAYOUT], t["layout_count"].take(k))
+        place = t["layouts"].index_select(0, row.flatten()).view(*row.shape, -1)  # [K, B, 9]
+        copies = self.stream.arange(MAX_COPIES)
+        first_place = place.gather(-1, d[..., None] + copies)
+        right_place = place.gather(-1, (d + c_first)[..., None] + copies)
+        tokens = torch.full((*k.shape, SEQ_LEN), task.PAD, dtype=torch.long, device=self.device)
+        values = draws.below(w[..., W_VALUES:], self.modulus)
+        for where, var, value in ((place[..., :MAX_DISTRACTORS], distractor, values),
+                                  (first_place, first_var[..., None], first_val[..., None]),
+                                  (right_place, q.right_var[..., None], q.n2[..., None])):
+            tokens.scatter_(-1, where, (task.VAR0 + var).expand(where.shape))
+            tokens.scatter_(-1, where + 1, value.expand(where.shape))
+        tokens[..., PREFIX_LEN] = task.PLUS
+        tokens[..., PREFIX_LEN + 1] = torch.where(has_left, task.VAR0 + q.left_var, q.n1)
+        tokens[..., PREFIX_LEN + 2] = torch.where(has_right, task.VAR0 + q.right_var, q.n2)
+        tokens[..., PREFIX_LEN + 3] = task.EQ
+        return tokens

@@ -52,7 +52,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import Batch, step_generator
+from . import draws
+from .base import Batch, check_batch_size, one_member_batch, step_generator
 
 KINDS = ("recall", "khop", "ngram", "ioi", "conditional")
 OFFSETS = ("cyclic", "fixed")
@@ -241,102 +242,91 @@ class BlockListTask:
 
     # ------------------------------------------------------------ assembling sequences
     def assemble(self, c: dict[str, torch.Tensor]) -> BlockListSample:
-        """The sequences that the choices `c` (each [B]) determine."""
-        B = next(iter(c.values())).shape[0]
-        pairs = _decode_lehmer([c[f"pair{j}"] for j in range(self.common_draws)], self.n_pairs)  # [B, D]
-        orient = torch.stack([c[f"orient{j}"] for j in range(self.common_draws)], 1) if self.common_draws else None
-        fresh = 2 * pairs + orient  # [B, D] fresh common tokens
-        partner = 2 * pairs + 1 - orient  # their canonical partners
-        rows = torch.arange(B)
-        counter = torch.zeros(B, dtype=torch.long)
+        """The sequences that the choices `c` (each [B]) determine: the Lehmer codes decoded, then `build`."""
+        stack = lambda names: (torch.stack([c[n] for n in names], 1) if names  # noqa: E731
+                               else torch.zeros(len(c["offset"]), 0, dtype=torch.long, device=c["offset"].device))
+        D, F = self.common_draws, self.n_fill
+        rare = (_decode_lehmer([c[f"rare{j}"] for j in range(self.chain_len)], self.n_rare) if self.f_r > 0 else None)
+        return self.build(
+            pairs=_decode_lehmer([c[f"pair{j}"] for j in range(D)], self.n_pairs),
+            orient=stack([f"orient{j}" for j in range(D)]),
+            is_rare=c["rare"].bool() if self.f_r > 0 else torch.zeros_like(c["offset"], dtype=torch.bool),
+            rare=rare,
+            canon=stack([f"canon{i}" for i in range(1 + self.n_distractors)]).bool(),
+            order=_decode_lehmer([c[f"order{j}"] for j in range(self.n_blocks)], self.n_blocks),
+            gaps=stack([f"gap{f}" for f in range(F)]), fills=stack([f"fill{f}" for f in range(F)]),
+            offset=c["offset"])
 
-        def take_fresh():
-            nonlocal counter
-            tok, par = fresh[rows, counter], partner[rows, counter]
-            counter = counter + 1
-            return tok, par
+    def build(self, pairs: torch.Tensor, orient: torch.Tensor, is_rare: torch.Tensor, rare: torch.Tensor | None,
+              canon: torch.Tensor, order: torch.Tensor, gaps: torch.Tensor, fills: torch.Tensor,
+              offset: torch.Tensor) -> BlockListSample:
+        """The sequences of decoded choices (every tensor [B, ...] on one device; no host synchronisation):
 
-        def chain(length: int, canon: torch.Tensor, key=None):
-            """`length` tokens; the last one is C(previous) where canon, else fresh. key: a shared first token."""
-            toks, last_partner = [], None
-            for i in range(length):
-                if i == 0 and key is not None:
-                    toks.append(key)
-                    continue
-                if i == length - 1:
-                    f_tok, f_par = take_fresh_if(~canon)
-                    toks.append(torch.where(canon, last_partner, f_tok))
-                else:
-                    tok, last_partner = take_fresh()
-                    toks.append(tok)
-            return torch.stack(toks, 1)
+        pairs [B, D]: the distinct pairs the fresh common tokens come from, in order of use; orient [B, D]:
+        which token of each pair is the fresh one (the other is its canonical partner); is_rare [B]: the
+        queried chain uses rare tokens, rare [B, chain_len] (distinct rare tokens, None when f_r = 0);
+        canon [B, 1 + n_distractors]: whether the queried link, then each distractor's last link, is
+        canonical; order [B, n_blocks]: the blocks' permutation; gaps, fills [B, n_fill]: each filler's gap
+        and token; offset [B]: the position-label shift.
 
-        def take_fresh_if(mask):
-            nonlocal counter
-            idx = counter.clamp(max=fresh.shape[1] - 1)
-            tok, par = fresh[rows, idx], partner[rows, idx]
-            counter = counter + mask.long()
-            return tok, par
-
-        canon = [c[f"canon{i}"].bool() for i in range(1 + self.n_distractors)]
-        is_rare = c["rare"].bool() if self.f_r > 0 else torch.zeros(B, dtype=torch.bool)
-        # the queried chain: common (its link canonical or not) or rare (all fresh rare tokens)
-        rel_common = chain(self.chain_len, canon[0] & ~is_rare)
-        counter = torch.where(is_rare, torch.zeros_like(counter), counter)  # a rare chain used no common draws
-        if self.f_r > 0:
-            rare_idx = _decode_lehmer([c[f"rare{j}"] for j in range(self.chain_len)], self.n_rare)
-            rel_rare = self.n_common + rare_idx
-            rel = torch.where(is_rare[:, None], rel_rare, rel_common)
-        else:
-            rel = rel_common
-        canonical = canon[0] & ~is_rare
-        # blocks: the relevant ones (repeated b times), then the distractors
-        if self.kind == "khop":
-            relevant = [rel[:, i:i + 2] for i in range(self.hops)]
-        else:
-            relevant = [rel]
-        blocks = [blk for blk in relevant for _ in range(self.burstiness)]
-        for i in range(self.n_distractors):
-            key = rel[:, 0] if self.kind == "conditional" else None
-            blocks.append(chain(self.block_len, canon[1 + i], key=key))
-        blocks = torch.stack(blocks, 1)  # [B, n_blocks, block_len]
-        order = _decode_lehmer([c[f"order{j}"] for j in range(self.n_blocks)], self.n_blocks)
-        blocks = blocks[rows[:, None], order]
+        Fresh tokens are used in order: the queried chain takes chain_len - 1 (and one more when its link is
+        not canonical; a rare chain takes none), then each distractor block takes its tokens before the last
+        (block_len - 1, or block_len - 2 after the shared key of `conditional`) and one more for a
+        non-canonical last link.
+        """
+        B, D = pairs.shape
+        device = pairs.device
+        fresh, partner = 2 * pairs + orient, 2 * pairs + 1 - orient
+        take = lambda table, idx: table.gather(1, idx.clamp(max=D - 1))  # noqa: E731
+        n, L, cl = self.n_distractors, self.block_len, self.chain_len
+        linked = canon[:, 0] & ~is_rare  # the queried link is canonical
+        last = torch.where(linked, partner[:, cl - 2], fresh[:, min(cl - 1, D - 1)])
+        rel = torch.cat([fresh[:, :cl - 1], last[:, None]], 1)  # the queried chain, common tokens
+        if rare is not None:
+            rel = torch.where(is_rare[:, None], self.n_common + rare, rel)
+        # the distractors: block i's fresh tokens start where block i - 1's end (a rare chain used none)
+        start = torch.where(is_rare, 0, (cl - 1) + (~linked).long())
+        body_len = L - 2 if self.kind == "conditional" else L - 1
+        used = body_len + (~canon[:, 1:]).long()  # [B, n]
+        first = start[:, None] + used.cumsum(1) - used
+        body = take(fresh, (first[:, :, None] + torch.arange(body_len, device=device)).flatten(1)).view(B, n, body_len)
+        tail = torch.where(canon[:, 1:], take(partner, first + body_len - 1), take(fresh, first + body_len))
+        parts = [body, tail[:, :, None]]
+        if self.kind == "conditional":  # every distractor shares the query's key
+            parts.insert(0, rel[:, None, :1].expand(B, n, 1))
+        distractors = torch.cat(parts, 2)  # [B, n, L]
+        relevant = rel.unfold(1, 2, 1) if self.kind == "khop" else rel[:, None, :]  # [B, hops or 1, L]
+        blocks = torch.cat([relevant.repeat_interleave(self.burstiness, dim=1), distractors], 1)
+        blocks = blocks.gather(1, order[:, :, None].expand(B, self.n_blocks, L))
         if self.kind == "ioi":
             query, target = rel[:, 1:2], rel[:, 0]
         else:  # recall, khop: [z0] -> z_last; ngram, conditional: all but the last -> the last
             query, target = rel[:, :self.query_len], rel[:, -1]
-        tokens = self._lay_out(blocks, query, c)
-        L = self.seq_len
-        positions = (torch.arange(L)[None, :] + c["offset"][:, None]) % L
-        return BlockListSample(tokens, positions, target, is_rare, canonical)
+        tokens = self._lay_out(blocks, query, gaps, fills)
+        positions = (torch.arange(self.seq_len, device=device)[None, :] + offset[:, None]) % self.seq_len
+        return BlockListSample(tokens, positions, target, is_rare, canon[:, 0] & ~is_rare)
 
-    def _lay_out(self, blocks: torch.Tensor, query: torch.Tensor, c: dict) -> torch.Tensor:
-        """Blocks in order with fillers in their gaps, then the query: [B, L]."""
+    def _lay_out(self, blocks: torch.Tensor, query: torch.Tensor, gaps: torch.Tensor, fills: torch.Tensor
+                 ) -> torch.Tensor:
+        """Blocks in order with fillers in their gaps (filler f before block gaps[f]; gap n_blocks: before the
+        query), then the query; BOS first with bos=True: [B, L]."""
         B, nb, k = blocks.shape
-        tokens = self._fill_gaps(blocks, query, c)
+        device = blocks.device
+        tokens = torch.cat([blocks.flatten(1), query], 1)  # [B, nb * k + q]
+        if self.n_fill:
+            before = (gaps[:, None, :] <= torch.arange(nb + 1, device=device)[None, :, None]).sum(-1)  # [B, nb + 1]
+            starts = torch.arange(nb + 1, device=device)[None, :] * k + before  # block i starts here; nb: the query
+            cols = torch.cat([(starts[:, :nb, None] + torch.arange(k, device=device)).flatten(1),
+                              starts[:, nb:] + torch.arange(self.query_len, device=device)], 1)
+            L = nb * k + self.query_len + self.n_fill
+            is_content = torch.zeros(B, L, dtype=torch.bool, device=device).scatter(1, cols, True)
+            placed = torch.zeros(B, L, dtype=torch.long, device=device).scatter(1, cols, tokens)
+            # the f-th free position of a row holds filler f
+            rank = ((~is_content).long().cumsum(1) - 1).clamp(0, self.n_fill - 1)
+            fill_tokens = self.n_common + self.n_rare + fills.gather(1, rank)
+            tokens = torch.where(is_content, placed, fill_tokens)
         if self.bos:
-            tokens = torch.cat([torch.full((B, 1), self.bos_token, dtype=torch.long), tokens], 1)
-        return tokens
-
-    def _fill_gaps(self, blocks: torch.Tensor, query: torch.Tensor, c: dict) -> torch.Tensor:
-        B, nb, k = blocks.shape
-        L = self.seq_len - int(self.bos)
-        tokens = torch.empty(B, L, dtype=torch.long)
-        content = torch.cat([blocks.flatten(1), query], 1)  # [B, nb * k + q]
-        if self.n_fill == 0:
-            return content
-        gaps = torch.stack([c[f"gap{f}"] for f in range(self.n_fill)], 1)  # [B, F]
-        # fillers in gap i come before block i (gap nb: before the query)
-        before = (gaps[:, None, :] <= torch.arange(nb + 1)[None, :, None]).sum(-1)  # [B, nb + 1]
-        starts = torch.arange(nb + 1)[None, :] * k + before  # block i starts here; index nb = the query
-        is_content = torch.zeros(B, L, dtype=torch.bool)
-        cols = torch.cat([(starts[:, :nb, None] + torch.arange(k)).flatten(1),
-                          starts[:, nb:] + torch.arange(self.query_len)], 1)
-        is_content[torch.arange(B)[:, None], cols] = True
-        tokens[torch.arange(B)[:, None], cols] = content
-        fill_tokens = self.n_common + self.n_rare + torch.stack([c[f"fill{f}"] for f in range(self.n_fill)], 1)
-        tokens[~is_content] = fill_tokens.flatten()
+            tokens = torch.cat([torch.full((B, 1), self.bos_token, dtype=torch.long, device=device), tokens], 1)
         return tokens
 
     # ------------------------------------------------------------ sampling and enumeration
@@ -345,9 +335,6 @@ class BlockListTask:
             raise ValueError(f"BlockListTask.sample: n={n!r} must be an integer >= 1")
         gen = torch.Generator().manual_seed(int(seed))
         return self.assemble(self.draw_choices(n, gen))
-
-    def sample_at(self, step: int, n: int, seed: int) -> BlockListSample:
-        return self.assemble(self.draw_choices(n, step_generator(seed, step)))
 
     def n_outcomes(self) -> int:
         return math.prod(int((p > 0).sum()) for _, p in self.choices())
@@ -384,8 +371,19 @@ class BlockListTask:
     def batch(self, s: BlockListSample) -> Batch:
         return Batch(self.model_inputs(s), s.targets)
 
+    @classmethod
+    def batch_sampler(cls, tasks, keys, device="cpu") -> "BlockListSampler":
+        """The training batches of members with these tasks (one each; knobs may differ)."""
+        return BlockListSampler(tasks, keys, device)
+
     def train_batch(self, step: int, batch_size: int, seed: int) -> Batch:
-        return self.batch(self.sample_at(step, batch_size, seed))
+        """The batch of the member with stream key `seed` at `step` (`BlockListSampler`)."""
+        return one_member_batch(self, step, batch_size, seed)
+
+    def reference_batch(self, step: int, batch_size: int, seed: int) -> Batch:
+        """The batch before issue 36: every choice drawn by torch.multinomial from a torch.Generator seeded
+        from (seed, step), then `assemble`. The same distribution as `train_batch` (tests compare them)."""
+        return self.batch(self.assemble(self.draw_choices(check_batch_size(batch_size), step_generator(seed, step))))
 
     def decode(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Composite ids -> (tokens, position labels)."""
@@ -445,18 +443,99 @@ def _strides(sizes: list[int]) -> list[int]:
 
 
 def _decode_lehmer(codes: list[torch.Tensor], n: int) -> torch.Tensor:
-    """Lehmer codes u_j in [0, n - j) -> the first len(codes) elements of a permutation of range(n): [B, len]."""
+    """Lehmer codes u_j in [0, n - j) -> the first len(codes) elements of a permutation of range(n): [B, len].
+
+    Element j is the u_j-th smallest of those not taken before it. From the last code to the first, every
+    later element at or above an earlier one moves up by one: len(codes) vectorised steps, no sorting.
+    """
     if not codes:
         return torch.zeros(0, 0, dtype=torch.long)
-    B = codes[0].shape[0]
-    available = torch.ones(B, n, dtype=torch.bool)
-    out = []
-    for u in codes:
-        rank = available.long().cumsum(1) - 1  # rank of each still-available element
-        pick = ((rank == u[:, None]) & available).float().argmax(1)
-        out.append(pick)
-        available[torch.arange(B), pick] = False
-    return torch.stack(out, 1)
+    x = torch.stack(codes, 1)
+    for j in range(len(codes) - 2, -1, -1):
+        x[:, j + 1:] += x[:, j + 1:] >= x[:, j:j + 1]
+    return x
+
+
+# ---------------------------------------------------------------- the batched training stream
+
+SITE_ROWS = 0  # the stream site of a batch's rows
+
+
+def structure(task: BlockListTask) -> tuple:
+    """What fixes the shape of a task's sequences and choices: every knob but the probabilities (f_r, f_v,
+    zipf), and whether rare chains occur at all."""
+    spec = task.spec()
+    return tuple(sorted((k, v) for k, v in spec.items() if k not in ("f_r", "f_v", "zipf"))) + (task.f_r > 0,)
+
+
+class BlockListSampler:
+    """Training batches of K members at once, each on its own BlockListTask, from the counter-based stream
+    (`tasks.draws`). Capturable (see `tasks.draws`).
+
+    Members whose tasks share a `structure` are one group, made in one call of `BlockListTask.assemble`;
+    within a group the knobs that only set probabilities (f_r, f_v, zipf) differ per member. Row r of a member
+    reads one word per choice of `choices()` at (key, step, SITE_ROWS, r, column j of choice j) and draws the
+    choice from the member's law of it (`draws.below` where the law is uniform, else `draws.categorical`):
+    the very choices `draw_choices` draws with a torch.Generator, then the same `assemble`.
+    """
+
+    capturable = multi_step = True
+
+    def __init__(self, tasks, keys, device="cpu"):
+        self.device = torch.device(device)
+        shapes = {(t.seq_len, t.vocab_size, t.n_outputs) for t in tasks}
+        if len(shapes) != 1:
+            raise ValueError(f"the members' block-list tasks must share seq_len, vocab_size and n_outputs for one "
+                             f"model, got {sorted(shapes)}")
+        groups: dict[tuple, list[int]] = {}
+        for k, t in enumerate(tasks):
+            groups.setdefault(structure(t), []).append(k)
+        self.groups = [_Group([tasks[k] for k in members], [keys[k] for k in members], self.device)
+                       for members in groups.values()]
+        order = [k for members in groups.values() for k in members]
+        self.inverse = torch.tensor(order, device=self.device).argsort()  # group order -> member order
+
+    def __call__(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [K, B, T], labels [K, B]); with a list of S steps, [K, S * B, ...] (rows step-major)."""
+        B = check_batch_size(batch_size)
+        made = [g(step, B) for g in self.groups]
+        if len(made) == 1:
+            return made[0]
+        return tuple(torch.cat(parts).index_select(0, self.inverse) for parts in zip(*made))
+
+
+class _Group:
+    """Members whose tasks share one structure: their words, choices and sequences."""
+
+    def __init__(self, tasks, keys, device):
+        self.task = tasks[0]
+        self.stream = draws.Stream(keys, device)
+        laws = [[p.tolist() for _, p in t.choices()] for t in tasks]  # [member][choice] probabilities
+        self.names = [name for name, _ in self.task.choices()]
+        # every choice as if uniform over its outcomes; then the others, runs of neighbouring choices with one
+        # law per member alike (the canon links) drawn together, overwrite theirs
+        self.sizes = torch.tensor([len(p) for p in laws[0]], device=device)
+        self.laws: list[tuple[slice, torch.Tensor]] = []
+        for j, name in enumerate(self.names):
+            if all(len(set(m[j])) == 1 for m in laws):
+                continue
+            law = [m[j] for m in laws]
+            if self.laws and self.laws[-1][0].stop == j and self.laws[-1][2] == law:
+                self.laws[-1] = (slice(self.laws[-1][0].start, j + 1), *self.laws[-1][1:])
+            else:
+                thresholds = torch.tensor([draws.cumulative_thresholds(p) for p in law], device=device)
+                self.laws.append((slice(j, j + 1), thresholds[:, None, None, :], law))
+
+    def __call__(self, step, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+        t = self.task
+        w = self.stream.words(step, SITE_ROWS, B, len(self.names))  # [Kg, rows, choices]
+        K, B = w.shape[:2]
+        values = draws.below(w, self.sizes)
+        for cols, thresholds, _ in self.laws:
+            values[..., cols] = draws.categorical(w[..., cols], thresholds)
+        values = values.view(K * B, -1)
+        s = t.assemble({name: values[:, j] for j, name in enumerate(self.names)})
+        return t.model_inputs(s).view(K, B, t.seq_len), s.targets.view(K, B)
 
 
 # ---------------------------------------------------------------- the two-sample test

@@ -43,7 +43,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .base import Batch, FixedDataset
+from .base import Batch, EpochSampler, FixedDataset
 
 ENV_VAR = "CIRCUITBOOK_TINYSTORIES"
 SAMPLINGS = ("stories", "windows")
@@ -329,8 +329,15 @@ class CorpusTask(FixedDataset):
         self.corpus = corpus
         self.shuffle_seed = shuffle_seed
 
-    def train_batch(self, step: int, batch_size: int, seed: int) -> Batch:
-        return super().train_batch(step, batch_size, seed if self.shuffle_seed is None else self.shuffle_seed)
+    @classmethod
+    def batch_sampler(cls, tasks, keys, device="cpu") -> EpochSampler:
+        """Members with a shuffle_seed take their epoch orders from it (the same batches), the others from
+        their own keys."""
+        return EpochSampler(tasks, [k if t.shuffle_seed is None else t.shuffle_seed for t, k in zip(tasks, keys)],
+                            device)
+
+    def reference_batch(self, step: int, batch_size: int, seed: int) -> Batch:
+        return super().reference_batch(step, batch_size, seed if self.shuffle_seed is None else self.shuffle_seed)
 
     def first_batch(self, batch_size: int, seed: int) -> Batch:
         """The batch of step 0: the paper's theory takes its statistics from it."""

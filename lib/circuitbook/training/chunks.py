@@ -24,7 +24,7 @@ from .. import log, runs, settings
 from ..models.registry import config_to_dict
 from .config import TrainConfig
 from .device import default_device, device_name, device_policy
-from .ensemble import Ensemble, Optimizer, stack_batches, train_step
+from .ensemble import Ensemble, Optimizer, data_sampler, train_step
 from .evaluate import EvalFn
 from .loop import Trainer
 from .run import Run, checkpoint_rel
@@ -168,9 +168,9 @@ def choose_chunk(spec: RunSpec, requested=None, device: torch.device | None = No
 @dataclass
 class Calibration:
     """Measured on the device at hand, per chunk size c: `step_s[c]`, seconds of one training step of c
-    members (forward, backward, optimizer; the fastest of a few), and `setup_s[c]`, the one-off cost of a
-    part of c members (building its ensemble, optimizer and first batch, and its first step's extra time
-    over a steady one). Chunk sizes that do not fit on the device are absent."""
+    members (making the step's batches, forward, backward, optimizer; the fastest of a few), and `setup_s[c]`,
+    the one-off cost of a part of c members (building its ensemble, optimizer and sampler, and its first
+    step's extra time over a steady one). Chunk sizes that do not fit on the device are absent."""
 
     step_s: dict[int, float]
     setup_s: dict[int, float]
@@ -181,7 +181,8 @@ _calibrations: dict[str, Calibration] = {}
 
 def calibrate(spec: RunSpec, sizes: Sequence[int], device: torch.device, repeats: int = CALIBRATION_REPEATS
               ) -> Calibration:
-    """Time a training step of the first c members for each c in `sizes` on `device` (no evaluation),
+    """Time a training step (its batches included) of the first c members for each c in `sizes` on `device`
+    (no evaluation),
     sizes interleaved so that a change in the machine's load hits them alike. Remembered per process for
     the same model, batch and device."""
     key = runs.hash_text(runs.canonical_json([config_to_dict(spec.model), spec.tc.batch_size, spec.tc.micro_batch_size,
@@ -209,21 +210,23 @@ def calibrate(spec: RunSpec, sizes: Sequence[int], device: torch.device, repeats
 
 
 def _step_fn(spec: RunSpec, c: int, device: torch.device) -> tuple[Callable[[], float], float]:
-    """A timed training step of members 0..c-1, and the seconds it took to build them and run their first
-    (warm-up) step; the global RNG is left untouched."""
+    """A timed training step of members 0..c-1 (the step's batches from the run's sampler, then `train_step`),
+    and the seconds it took to build them and run their first (warm-up) step; the global RNG is left
+    untouched."""
     t0 = time.perf_counter()
     tc = member_slice(spec.tc, 0, c)
     with torch.random.fork_rng(devices=[]):
         ens = Ensemble(spec.model, tc.seeds, None, device)
     opt = Optimizer(ens.params, ens.trainable, tc)
-    tokens, labels = stack_batches(spec.tasks[:c], tc.seeds, 0, tc.batch_size, device)
-    kind = spec.tasks[0].loss
+    sampler = data_sampler(spec.tasks[:c], tc.seeds, device)
+    kind, steps = spec.tasks[0].loss, iter(range(1 << 31))
 
     def step() -> float:
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             sync()
             t0 = time.perf_counter()
+            tokens, labels = sampler(next(steps), tc.batch_size)
             train_step(ens, opt, tokens, labels, kind, tc)
             sync()
         return time.perf_counter() - t0

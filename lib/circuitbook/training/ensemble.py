@@ -2,9 +2,10 @@
 
 Members share nothing, so the gradient of the summed loss is each member's own gradient. `train_step`
 is the one training step of the book: the loop, the chunk calibration and the FLOP count all take it,
-so a change to it (a schedule, clipping) changes all three alike. `stack_batches` is the one way a
-step's batches are drawn: every batch is a pure function of (member seed, step), which is what makes a
-resumed run end with the numbers of an uninterrupted one.
+so a change to it (a schedule, clipping) changes all three alike. `data_sampler` is the one way a
+run's batches are drawn: built once per run on the training device, it makes every member's batch of a
+step in one call, each a pure function of (member seed, step), which is what makes a resumed run (or one
+split into chunks of members) end with the numbers of an uninterrupted one.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 from torch.func import functional_call, stack_module_state, vmap
 
-from ..tasks.base import IGNORE_INDEX, derive_seed
+from ..tasks.base import IGNORE_INDEX, BatchSampler, data_key, make_sampler
 from .config import TrainConfig
 
 def summed_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,9 +198,7 @@ def train_step(ens: Ensemble, opt: Optimizer, tokens: torch.Tensor, labels: torc
     return losses
 
 
-def stack_batches(tasks: Sequence, seeds: Sequence[int], step: int, batch_size: int,
-                  device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """The batches of `step` for members with `seeds` (one task each), stacked: tokens and labels [K, B, ...]."""
-    batches = [t.train_batch(step, batch_size, derive_seed("data", s)) for t, s in zip(tasks, seeds)]
-    return (torch.stack([b.tokens for b in batches]).to(device),
-            torch.stack([b.labels for b in batches]).to(device))
+def data_sampler(tasks: Sequence, seeds: Sequence[int], device: str | torch.device = "cpu") -> BatchSampler:
+    """The batches of members with `seeds` (one task each): `sampler(step, batch_size)` -> tokens and labels
+    [K, B, ...] on `device`, member k's from the stream keyed by `data_key(seeds[k])` (`tasks.base`)."""
+    return make_sampler(tasks, [data_key(s) for s in seeds], device)

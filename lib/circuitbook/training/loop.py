@@ -4,7 +4,8 @@
 evaluating every `eval_every` steps and checkpointing on the config's schedule (weights, optimizer state
 and RNG state, log-spaced plus regular). A killed run resumes from its last intact checkpoint and ends
 with the numbers of an uninterrupted one, because every batch is a pure function of (member seed,
-step) (`stack_batches`). Its source is part of every run's key, with `config.py` and `ensemble.py`.
+step): the run's sampler (`data_sampler`, built once) makes each step's batches on the training device.
+Its source is part of every run's key, with `config.py` and `ensemble.py`.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from .. import log, runs
 from ..tasks.base import derive_seed
 from .config import TrainConfig
 from .device import device_policy
-from .ensemble import Ensemble, Optimizer, stack_batches, train_step
+from .ensemble import Ensemble, Optimizer, data_sampler, train_step
 from .run import checkpoint_rel
 
 
@@ -36,6 +37,7 @@ class Trainer:
         self.ens = Ensemble(model_cfg, tc.seeds, init_fn, device, members)
         self.members = self.ens.members
         self.opt = Optimizer(self.ens.params, self.ens.trainable, tc)
+        self.sampler = data_sampler(tasks, tc.seeds, self.ens.device)
         self.start = 0
         if fork_from is not None:
             parent, step = fork_from
@@ -194,7 +196,7 @@ class Trainer:
                    mininterval=10, file=stream, dynamic_ncols=False, ncols=100)
         t0 = time.time()
         while step < tc.steps:
-            tokens, labels = stack_batches(self.tasks, tc.seeds, step, tc.batch_size, self.ens.device)
+            tokens, labels = self.sampler(step, tc.batch_size)
             self.last_loss = train_step(self.ens, self.opt, tokens, labels, kind, tc)
             step += 1
             bar.update(1)

@@ -14,7 +14,7 @@ import torch
 from .. import runs
 from .chunks import RunSpec, member_slice
 from .config import TrainConfig
-from .ensemble import Ensemble, Optimizer, stack_batches, train_step
+from .ensemble import Ensemble, Optimizer, data_sampler, train_step
 
 _planning: "Plan | None" = None
 
@@ -101,7 +101,7 @@ def step_flops(spec: RunSpec, batch: int = 8) -> float:
     with torch.random.fork_rng(devices=[]):
         ens = Ensemble(spec.model, tc.seeds, None, "cpu")
         opt = Optimizer(ens.params, ens.trainable, tc)
-        tokens, labels = stack_batches(spec.tasks[:1], tc.seeds, 0, b)
+        tokens, labels = data_sampler(spec.tasks[:1], tc.seeds)(0, b)
         counter = FlopCounterMode(display=False)
         with counter:  # the optimizer's elementwise work is not counted: FLOPs of the matrix products
             train_step(ens, opt, tokens, labels, spec.tasks[0].loss, tc)

@@ -1,0 +1,180 @@
+"""One step's batches of every chapter's training runs: made member by member on the host (the path before
+issue 36) vs by the run's sampler on the device, against the training step itself.
+
+    python benchmarks/data.py                                  # every chapter, full profile, on the device at hand
+    python benchmarks/data.py --chapter assign_add --repeats 5 --step-repeats 1
+
+The runs are each notebook's registry at the profile (`circuitbook.plan.planned_runs`: the very tasks, members
+and batch size the notebooks train; a run read by several notebooks is timed once). Where a notebook cannot be
+planned at the profile (leading_terms at full needs the full TinyStories) its runs are taken at
+--fallback-profile and the row says so. Per run, on the device (CIRCUITBOOK_DEVICE, else CUDA when
+available, else CPU), the mean over consecutive steps after a warm-up, a window that holds whole blocks of the
+steps a sampler makes per call (`Prefetch`; --repeats of them) and a whole epoch of a fixed dataset (whose
+order is made on the step that enters the epoch), so the mean is what training pays per step:
+  old   each member's `reference_batch(step, batch, key)` (the torch.Generator batches; `train_batch` for a
+        task without one), stacked and moved to the device: what `stack_batches` did every step;
+  new   `training.data_sampler(tasks, seeds, device)(step, batch)`, built once (as the loop does);
+  step  `training.train_step` of that ensemble on the sampler's batch (forward, backward, optimizer), the
+        fastest of --step-repeats after a warm-up, under the device policy training uses.
+Targets (issue 36): on a CPU at most 0.1 ms of data per member-step, on a GPU data at most 10% of the step.
+Writes results/data_<device type>.json (rows: chapter, notebook, run, members, batch_size, old/new data ms,
+step_ms, data_ms_per_member_step, old_data_ms_per_member_step, ...) and .txt.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import common
+from circuitbook import plan
+from circuitbook.book import book_notebooks
+from circuitbook.tasks.base import EpochSampler, Prefetch, data_key
+from circuitbook.training import Ensemble, Optimizer, data_sampler, default_device, device_name, train_step
+from circuitbook.training.device import device_policy
+
+CPU_TARGET_MS_PER_MEMBER_STEP = 0.1
+GPU_TARGET_SHARE_OF_STEP = 0.10
+
+
+def timer(device: torch.device):
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def timed(fn) -> float:
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return 1e3 * (time.perf_counter() - t0)
+    return timed
+
+
+def old_batches(tasks, keys, step: int, batch: int, device: torch.device):
+    """Today's path before the sampler: one batch per member on the host, stacked, copied to the device."""
+    made = [(t.reference_batch if hasattr(t, "reference_batch") else t.train_batch)(step, batch, k)
+            for t, k in zip(tasks, keys)]
+    return torch.stack([b.tokens for b in made]).to(device), torch.stack([b.labels for b in made]).to(device)
+
+
+MAX_EPOCH_WINDOW = 512  # steps; a longer epoch is timed over its first 512 steps (its order made on the first)
+
+
+def window(sampler, batch: int, repeats: int) -> tuple[int, int]:
+    """(first step, number of steps) to time: `repeats` whole prefetch blocks, or a whole epoch (at least
+    `repeats` steps), starting at a boundary."""
+    block = sampler.ahead(batch) if isinstance(sampler, Prefetch) else 1
+    epoch = 1
+    if isinstance(sampler, EpochSampler) and not (batch >= sampler.n_max and len(set(sampler.sizes)) == 1):
+        epoch = min(MAX_EPOCH_WINDOW, max(-(-n // batch) for n in sampler.sizes))
+    return max(block, epoch), max(epoch, block * repeats)
+
+
+def bench_run(run, device: torch.device, repeats: int, step_repeats: int) -> dict:
+    tc, tasks = run.train_config, run.tasks
+    keys = [data_key(s) for s in tc.seeds]
+    timed = timer(device)
+    sampler = data_sampler(tasks, tc.seeds, device)
+    tokens, labels = sampler(0, tc.batch_size)  # warm-up, and the step's batch
+    first, count = window(sampler, tc.batch_size, repeats)
+    new = [timed(lambda s=s: sampler(s, tc.batch_size)) for s in range(first, first + count)]
+    old_batches(tasks, keys, 0, tc.batch_size, device)
+    old = [timed(lambda s=s: old_batches(tasks, keys, s, tc.batch_size, device)) for s in range(1, repeats + 1)]
+    with device_policy(device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        ens = Ensemble(run.model_config, tc.seeds, None, device)
+        opt = Optimizer(ens.params, ens.trainable, tc)
+        kind = tasks[0].loss
+        train_step(ens, opt, tokens, labels, kind, tc)
+        step = min(timed(lambda: train_step(ens, opt, tokens, labels, kind, tc)) for _ in range(step_repeats))
+    K = tc.n_members
+    new_ms, old_ms = statistics.mean(new), statistics.mean(old)
+    return {"run": run.dir.name, "members": K, "batch_size": tc.batch_size, "task": type(tasks[0]).__name__,
+            "capturable": bool(sampler.capturable), "timed_steps": [first, first + count], "old_data_ms": old_ms,
+            "data_ms": new_ms, "step_ms": step,
+            "data_share_of_step": new_ms / step, "data_ms_per_member_step": new_ms / K,
+            "old_data_ms_per_member_step": old_ms / K, "speedup": old_ms / new_ms,
+            "data_ms_all": new, "old_data_ms_all": old}
+
+
+def runs_of(chapter: str, notebook: str, profile: str, fallback: str | None) -> tuple[list, str, str]:
+    """(planned runs, the profile they were planned at, why not at `profile` or '')."""
+    try:
+        return plan.planned_runs(chapter, notebook, profile), profile, ""
+    except Exception as e:  # noqa: BLE001 - missing data (the full TinyStories): try the fallback profile
+        why = f"{type(e).__name__}: {e}"[:200]
+        if not fallback or fallback == profile:
+            raise
+        return plan.planned_runs(chapter, notebook, fallback), fallback, why
+
+
+def table(rows: list[dict], device: torch.device) -> str:
+    lines = [f"{'chapter':<18} {'run':<44} {'prof':<5} {'K':>3} {'batch':>5}  {'old ms':>8} {'new ms':>7} "
+             f"{'step ms':>8} {'new/step':>8}  {'ms/member-step old | new':>25} {'x':>6}"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['chapter']:<18} {r['notebook']:<44} not measured: {r['error']}")
+            continue
+        lines.append(f"{r['chapter']:<18} {r['run']:<44} {r['profile']:<5} {r['members']:>3} {r['batch_size']:>5}  "
+                     f"{r['old_data_ms']:>8.2f} {r['data_ms']:>7.2f} {r['step_ms']:>8.1f} "
+                     f"{r['data_share_of_step']:>7.1%}  {r['old_data_ms_per_member_step']:>12.3f} | "
+                     f"{r['data_ms_per_member_step']:<10.4f} {r['speedup']:>5.0f}x")
+    target = ("(target: <= 10% of the step)" if device.type == "cuda"
+              else f"(target: <= {CPU_TARGET_MS_PER_MEMBER_STEP} ms per member-step)")
+    lines += ["", f"per chapter: the worst run {target}"]
+    for chapter in dict.fromkeys(r["chapter"] for r in rows):
+        measured = [r for r in rows if r["chapter"] == chapter and "error" not in r]
+        if not measured:
+            continue
+        worst = max(measured, key=lambda r: r["data_share_of_step"] if device.type == "cuda"
+                    else r["data_ms_per_member_step"])
+        met = (worst["data_share_of_step"] <= GPU_TARGET_SHARE_OF_STEP if device.type == "cuda"
+               else worst["data_ms_per_member_step"] <= CPU_TARGET_MS_PER_MEMBER_STEP)
+        lines.append(f"{chapter:<18} {worst['run']:<44} {worst['data_ms_per_member_step']:.4f} ms/member-step, "
+                     f"{worst['data_share_of_step']:.1%} of the step, old {worst['old_data_ms_per_member_step']:.3f} "
+                     f"ms/member-step: {'met' if met else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--profile", default="full", help="whose runs (default full)")
+    ap.add_argument("--fallback-profile", default="cpu", help="for a notebook that cannot be planned at --profile")
+    ap.add_argument("--chapter", action="append", default=None, help="only this chapter (repeatable)")
+    ap.add_argument("--repeats", type=int, default=8, help="timed data calls (consecutive steps) per arm (mean)")
+    ap.add_argument("--step-repeats", type=int, default=2, help="timed training steps (fastest)")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's default)")
+    ap.add_argument("--out", default=None, help="default: results/data_<device type>.json")
+    args = ap.parse_args()
+    info = common.start(args.threads)
+    device = default_device()
+    info["device"] = device_name(device)
+    out = args.out or str(common.RESULTS / f"data_{device.type}.json")
+    legend = (f"profile {args.profile} on {info['device']}: one step's batches of each run, old = per-member "
+              "reference_batch + stack + copy (the path before issue 36), new = the run's sampler on the device "
+              "(mean over whole prefetch blocks and epochs, at least --repeats steps); "
+              f"step = train_step on that batch (fastest of {args.step_repeats}); "
+              "x = old / new")
+    rows, seen = [], set()
+    for nb in book_notebooks():
+        if args.chapter and nb.chapter not in args.chapter:
+            continue
+        try:
+            planned, profile, why = runs_of(nb.chapter, nb.name, args.profile, args.fallback_profile)
+        except Exception as e:  # noqa: BLE001 - say so for this notebook, measure the rest
+            rows.append({"chapter": nb.chapter, "notebook": nb.name, "error": f"{type(e).__name__}: {e}"[:200]})
+            continue
+        for run in planned:
+            if (run.dir.name, run.key) in seen:
+                continue
+            seen.add((run.dir.name, run.key))
+            row = {"chapter": nb.chapter, "notebook": nb.name, "profile": profile, "note": why,
+                   **bench_run(run, device, args.repeats, args.step_repeats)}
+            rows.append(row)
+            print("\n".join(table([row], device).splitlines()[1:2]), flush=True)
+            common.write("data", out, args, info, rows, legend, table(rows, device))  # so far: a stopped run keeps it
+    print(table(rows, device))
+
+
+if __name__ == "__main__":
+    main()
