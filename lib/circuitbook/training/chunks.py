@@ -121,6 +121,13 @@ def best_chunk(n_members: int, steps: int, step_seconds: dict[int, float], worke
     return best
 
 
+def whole_ensemble_on(device: torch.device) -> bool:
+    """A GPU trains every member of a run together: there a step of the book's models is bound by launching
+    kernels, not by arithmetic (on an H200, 9-12 ms for every chapter's model at K = 8..64, the first GPU
+    visit's benchmarks), so splitting a run into chunks only multiplies the launches."""
+    return device.type == "cuda"
+
+
 def _draws_random_numbers(model_cfg) -> bool:
     """Members that draw random numbers while training (dropout) share one random stream under vmap,
     so a chunk would not reproduce them exactly: such runs train as one ensemble."""
@@ -152,6 +159,8 @@ def choose_chunk(spec: RunSpec, requested=None, device: torch.device | None = No
     if _draws_random_numbers(spec.model):
         return K
     device = device or default_device()
+    if whole_ensemble_on(device):
+        return K
     whole = calibrate(spec, [K], device, repeats=2).step_s[K]
     if spec.tc.steps * whole < MIN_CALIBRATED_RUN_S or spec.tc.steps < MIN_CALIBRATED_STEPS:
         return K  # too short for the calibration (a few steps at each size) to pay for itself
