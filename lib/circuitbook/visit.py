@@ -178,7 +178,11 @@ def visit(a) -> int:
         log(f"left out (over the size or file limit): {', '.join(packed['left_out'])}")
     summary = json.loads((logs / "groups.json").read_text()) if (logs / "groups.json").exists() else {}
     for g in summary.get("groups", []):
-        log(f"group {g['name']}: {g['status']}; estimated {g['estimate_s']:.0f} s, took {g.get('seconds', 0):.0f} s")
+        log(f"group {g['name']}: {g['status']}; estimated {g['estimate_s']:.0f} s alone, took {g.get('seconds', 0):.0f} s")
+        for n in g.get("notebooks", []):
+            if n.get("status") == "ok" and n.get("estimate_s"):
+                log(f"  {n['notebook']}: planned {n['estimate_s']:.0f} s, took {n['seconds']:.0f} s "
+                    f"({n['seconds'] / n['estimate_s']:.2f}x the plan)")
     log(f"visit done in {time.time() - started:.0f} s of {a.budget_s:.0f}; {len(packed['notebooks'])} notebooks packed; "
         f"bring back {out} and run: circuitbook import-results {out}/circuitbook-results-{profile}-*.tar.gz")
     return 0
