@@ -305,7 +305,8 @@ def execute_side_by_side(chosen: list, profile: str, until: float, slots: int, s
                                                     f"{max(0.0, until - time.time()):.0f} s left"})
                 continue
             todo.remove(g)
-            running[g.name] = _start_group(g, profile, until, scale, work, python)
+            slowdown = (len(running) + 1) / plan_throughput(len(running) + 1)  # sharing the GPU with the others
+            running[g.name] = _start_group(g, profile, until, scale * slowdown, work, python)
             running[g.name]["entry"] = {"name": g.name, "notebooks": [], "claims": g.claims, "estimate_s": g.seconds,
                                         "status": "running", "started_s": round(time.time() - t_start, 1)}
             summary["groups"].append(running[g.name]["entry"])  # in the order they started
