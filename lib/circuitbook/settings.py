@@ -119,6 +119,8 @@ SETTINGS = {s.name: s for s in [
     Setting("CIRCUITBOOK_LOCK_LEASE_S", parse_seconds, "seconds before another host takes over a silent lock"),
     Setting("CIRCUITBOOK_PROGRESS", _flag, "1 (default) shows training progress bars, 0 hides them"),
     Setting("CIRCUITBOOK_DEADLINE", _unix_time, "unix time after which train() starts no new run (a GPU visit)"),
+    Setting("CIRCUITBOOK_CAPTURE", _flag, "1 replays the training step from a CUDA graph on a GPU (a visit sets it "
+            "once the captured step's CUDA tests pass there); 0 (default) trains eagerly"),
     Setting("CIRCUITBOOK_RAY_ADDRESS", _any, "the Ray cluster of a Ray build", internal=True),
     Setting("CIRCUITBOOK_RAY_RESOURCES", _any, "the resources of a notebook's Ray tasks", internal=True),
     Setting("CIRCUITBOOK_RESULTS_LABEL", _label, "the results label of the execution", internal=True),
