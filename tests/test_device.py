@@ -182,3 +182,45 @@ def test_dry_run_visit_packs_what_comes_back_and_imports_elsewhere(tmp_path, mon
     rows = [r for r in claims.scorecard("smoke") if r["chapter"] == "algorithmic_cores"
             and f"algorithmic_cores/{r['notebook']}" in ran]
     assert rows and not [r for r in rows if r["status"].startswith(("not run", "stale"))]
+
+
+FAKE_GROUP = """
+import json, sys, time
+args = sys.argv[sys.argv.index("--spec") + 1], sys.argv[sys.argv.index("--summary") + 1]
+spec = json.load(open(args[0]))
+t0 = time.time()
+time.sleep(1.0)
+json.dump({"name": spec["name"], "claims": spec["claims"], "status": "done", "t0": t0, "t1": time.time(),
+           "notebooks": [{"notebook": n, "status": "ok", "estimate_s": 1.0, "seconds": 1.0} for n in spec["notebooks"]]},
+          open(args[1], "w"))
+"""
+
+
+def test_groups_run_side_by_side_as_many_as_the_slots_and_wait_for_what_they_read(mini_book, tmp_path):
+    """The scheduling of a visit, with a stand-in for the process that executes a group."""
+    from circuitbook.plan import Group
+    from circuitbook.visit import execute_side_by_side
+
+    fake = tmp_path / "fake_python.sh"
+    (tmp_path / "group.py").write_text(FAKE_GROUP)
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'group.py'} \"$@\"\n")
+    fake.chmod(0o755)
+
+    def group(name, after=()):
+        return Group([name], [], 1, 1.0, {name: 1.0}, [], list(after), {"num_cpus": 1, "num_gpus": 0.25})
+    chosen = [group("demo/01_make"), group("x/a"), group("x/b"), group("demo/02_use", after=["demo/01_make"])]
+    summary = tmp_path / "groups.json"
+    out = {"groups": []}
+    assert execute_side_by_side(chosen, "smoke", time.time() + 60, 2, out, summary, python=str(fake)) == 0
+    runs = {g["name"]: g for g in json.loads(summary.read_text())["groups"]}
+    assert [g["name"] for g in out["groups"]] == ["demo/01_make", "x/a", "x/b", "demo/02_use"], "started in order"
+    assert all(g["status"] == "done" for g in runs.values())
+    first, second, third = (runs[n] for n in ("demo/01_make", "x/a", "x/b"))
+    assert first["t0"] < second["t1"] and second["t0"] < first["t1"], "two slots: the first two overlap"
+    assert third["t0"] >= min(first["t1"], second["t1"]) - 0.2, "the third waits for a free slot"
+    assert runs["demo/02_use"]["t0"] >= first["t1"] - 0.2, "02 reads 01's values: it starts after 01 ends"
+    # a group that reads values nobody makes here and nothing current holds is not run, and says why
+    out = {"groups": []}
+    execute_side_by_side([group("demo/02_use", after=["demo/01_make"])], "smoke", time.time() + 60, 2, out,
+                         summary, python=str(fake))
+    assert out["groups"][0]["status"].startswith("not run: it reads values of notebooks with no current result")

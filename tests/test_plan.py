@@ -96,8 +96,10 @@ def test_plan_command_prints_runs_and_resources(runs_dir, capsys):
     assert "assign_add/main (" in out and "parameters each" in out and "FLOPs" in out and "here (chunk" in out
     assert "reads assign_add/main" in out and any(line.startswith("total: ") for line in out.splitlines())
     groups = out[out.index("\ngroups ("):]
-    assert ("assign_add/01_task, assign_add/02_training, assign_add/03_generalization, assign_add/04_mechanisms, "
-            "assign_add/05_gradient_theory") in groups, "02-05 read the main run; 02 needs 01"
+    assert ("assign_add/02_training, assign_add/03_generalization, assign_add/04_mechanisms, "
+            "assign_add/05_gradient_theory") in groups, "02-05 read the main run"
+    assert "after assign_add/01_task" in groups, "02 needs 01, whose values it reads (01 trains nothing)"
+    assert "one at a time" in groups and "side by side" in groups
     assert "one 8-minute call (480 s" in groups
     assert not any(runs_dir.rglob("config.json")) if runs_dir.exists() else True
 
@@ -137,36 +139,71 @@ def _cost(name, seconds, complete=False):
     return RunCost(run, 10, 1e9, seconds, 1)
 
 
-def test_groups_join_notebooks_through_needs_and_shared_runs(mini_book):
-    from circuitbook.plan import EVAL_SHARE, NOTEBOOK_OVERHEAD_S, NotebookPlan, groups
+def test_groups_join_notebooks_through_shared_runs_and_wait_for_values_they_read(mini_book):
+    from circuitbook.plan import NOTEBOOK_OVERHEAD_S, NotebookPlan, groups
 
     shared = _cost("demo/run", 100.0)
+    shared.eval_seconds = 10.0
     (both,) = groups([NotebookPlan("demo/01_make", {}, [shared]), NotebookPlan("demo/02_use", {}, [shared])], "smoke")
-    assert both.notebooks == ["demo/01_make", "demo/02_use"] and both.claims == 2
-    assert both.seconds == pytest.approx(100 * (1 + EVAL_SHARE) + 2 * NOTEBOOK_OVERHEAD_S), "a shared run counts once"
+    assert both.notebooks == ["demo/01_make", "demo/02_use"] and both.claims == 2 and both.after == []
+    assert both.seconds == pytest.approx(100 + 10 + 2 * NOTEBOOK_OVERHEAD_S), "a shared run counts once, evaluated"
     assert both.notebook_seconds["demo/02_use"] == NOTEBOOK_OVERHEAD_S, "the reader trains nothing"
-    prof = mini_book / "chapters" / "demo" / "profiles.yml"
-    prof.write_text(prof.read_text().replace("    needs: [01_make]\n", ""))
+    # 02 needs 01 but shares no run with it: it reads 01's recorded values, so it waits for them, not joined
     apart = groups([NotebookPlan("demo/01_make", {}, [_cost("demo/a", 10.0, complete=True)]),
-                    NotebookPlan("demo/02_use", {}, [], "cannot plan it: no data")], "smoke")
+                    NotebookPlan("demo/02_use", {"num_gpus": 0.25}, [], "cannot plan it: no data")], "smoke")
     assert [g.notebooks for g in apart] == [["demo/01_make"], ["demo/02_use"]]
+    assert apart[1].after == ["demo/01_make"] and apart[0].after == []
     assert apart[0].seconds == NOTEBOOK_OVERHEAD_S, "a run complete in the store costs nothing"
     assert apart[1].problems == ["demo/02_use: cannot plan it: no data"]
+    assert apart[1].resources == {"num_cpus": 0.0, "num_gpus": 0.25}
+
+
+def _group(name, claims, seconds, problems=(), after=(), gpus=0.25):
+    from circuitbook.plan import Group
+
+    return Group([name], [], claims, seconds, {name: seconds}, list(problems), list(after),
+                 {"num_cpus": 1, "num_gpus": gpus})
 
 
 def test_choose_groups_takes_the_largest_value_that_still_fits():
-    from circuitbook.plan import Group, choose_groups
+    from circuitbook.plan import choose_groups
 
-    def group(name, claims, seconds, problems=()):
-        return Group([name], [], claims, seconds, {name: seconds}, list(problems))
-
-    big, cheap, dear, broken, small = (group("big", 5, 200), group("cheap", 2, 20), group("dear", 2, 300),
-                                       group("broken", 9, 1, ["x: cannot plan it"]), group("small", 0, 50))
+    big, cheap, dear, broken, small = (_group("big", 5, 200), _group("cheap", 2, 20), _group("dear", 2, 300),
+                                       _group("broken", 9, 1, ["x: cannot plan it"]), _group("small", 0, 50))
     chosen, skipped = choose_groups([small, dear, cheap, big, broken], 300)
     assert [g.name for g in chosen] == ["big", "cheap", "small"]
-    assert [(g.name, why) for g, why in skipped] == [("broken", "x: cannot plan it"),
-                                                     ("dear", "needs ~5m 00s, 1m 20s left")]
-    assert choose_groups([big], 199) == ([], [(big, "needs ~3m 20s, 3m 19s left")])
+    assert [g.name for g, _ in skipped] == ["broken", "dear"]
+    assert skipped[0][1] == "x: cannot plan it" and "needs ~5m 00s" in skipped[1][1]
+    assert choose_groups([big], 199)[0] == []
+    # side by side (4 slots, throughput 2.9 at 4): big and dear together take (200 + 300) ... not 500 s
+    chosen, _ = choose_groups([dear, big], 420, slots=4)
+    assert [g.name for g in chosen] == ["big", "dear"]
+
+
+def test_a_group_comes_after_the_groups_whose_values_it_reads():
+    from circuitbook.plan import by_value
+
+    table = _group("lenses/05", 9, 10, after=["a/02", "b/03"])
+    a, b = _group("a/02", 3, 100), _group("b/03", 1, 50)
+    assert [g.name for g in by_value([table, b, a])] == ["a/02", "b/03", "lenses/05"]
+    alone = _group("lenses/05", 9, 10, after=["published/elsewhere"])
+    assert [g.name for g in by_value([alone, a])] == ["lenses/05", "a/02"], "a value not made here: by value"
+
+
+def test_side_by_side_time_shares_the_gpu_as_measured():
+    from circuitbook.plan import SIDE_BY_SIDE_THROUGHPUT, side_by_side_seconds, slots_for, throughput
+
+    assert throughput(1) == 1.0 and throughput(4) == SIDE_BY_SIDE_THROUGHPUT[4]
+    assert throughput(2) == pytest.approx(1 + (SIDE_BY_SIDE_THROUGHPUT[4] - 1) / 3)
+    four = [_group(n, 1, 100.0) for n in "abcd"]
+    assert side_by_side_seconds(four, 1) == 400.0
+    assert side_by_side_seconds(four, 4) == pytest.approx(400 / SIDE_BY_SIDE_THROUGHPUT[4])
+    # one long and one short group: the short one ends first, the long one then runs alone at full speed
+    long, short = _group("long", 1, 300.0), _group("short", 1, 100.0)
+    t2 = throughput(2) / 2
+    assert side_by_side_seconds([long, short], 2) == pytest.approx(100 / t2 + (300 - 100) / 1.0)
+    assert slots_for(four, cpus=16) == 4 and slots_for(four, cpus=2) == 2
+    assert slots_for([_group("cpu only", 1, 1.0, gpus=0)], cpus=16) == 1
 
 
 def test_chapter_runs_resolves_that_chapters_parameters_and_calls_its_registry(runs_dir):

@@ -131,7 +131,8 @@ def notebook_path(chapter: str, notebook: str) -> Path:
 PACKAGE = Path(__file__).resolve().parent
 # How and where work runs, never what it computes (chunking changes no number beyond float rounding):
 # like a run's key, a notebook's inputs leave these out.
-SCHEDULING = ("cluster.py", "log.py", "training/chunks.py", "training/planning.py", "training/device.py")
+SCHEDULING = ("cluster.py", "log.py", "training/chunks.py", "training/planning.py", "training/device.py",
+              "training/capture.py")
 
 
 def library_hash(chapter: str, notebook: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -30,6 +30,7 @@ from .build import fmt_seconds
 from .book import book_notebooks
 from .training import (PlannedRun, RunSpec, best_chunk, calibrate, chunk_candidates, count_parameters,
                        default_device, device_name, step_flops)
+from .training.chunks import whole_ensemble_on
 from .training.planning import planning
 
 
@@ -41,9 +42,14 @@ class RunCost:
     run: PlannedRun
     params_per_member: int
     flops: float
-    seconds: float
+    seconds: float  # training: every step, its batch made as training makes it
     chunk: int
     note: str = ""
+    eval_seconds: float = 0.0  # the run's evaluation callback, at every evaluation step
+
+    @property
+    def total_seconds(self) -> float:
+        return self.seconds + self.eval_seconds
 
 
 def planned_runs(chapter: str, notebook: str, profile: str) -> list[PlannedRun]:
@@ -80,8 +86,8 @@ def cost(run: PlannedRun, device: torch.device) -> RunCost:
     flops_per_step = step_flops(spec)
     cap = PLAN_MAX_CHUNK.get(device.type, 16)
     sizes = [c for c in chunk_candidates(K) if c <= cap] or [1]
-    if getattr(run.model_config, "dropout", 0):
-        sizes = [K]  # members that share a random stream train as one ensemble
+    if getattr(run.model_config, "dropout", 0) or whole_ensemble_on(device):
+        sizes = [K]  # members that share a random stream train as one ensemble; a GPU trains them together
     # a step too big to time in seconds here (a 3000-token vocabulary at batch 2048 on a CPU) is timed at
     # a smaller batch and scaled by the batch: such steps are compute-bound, so time grows with the batch
     batch = run.train_config.batch_size
@@ -104,7 +110,32 @@ def cost(run: PlannedRun, device: torch.device) -> RunCost:
     times = {c: t * batch / small for c, t in cal.step_s.items()}
     per_step = {c: t * math.ceil(K / c) for c, t in times.items()}
     chunk = best_chunk(K, steps, times, 1, cal.setup_s)
-    return RunCost(run, count_parameters(run.model_config), flops_per_step * steps, per_step[chunk] * steps, chunk, note)
+    evals = steps // run.train_config.eval_every + 1
+    eval_s = evaluation_seconds(run, min(K, max(sizes)), device) * evals
+    return RunCost(run, count_parameters(run.model_config), flops_per_step * steps, per_step[chunk] * steps, chunk, note,
+                   eval_s)
+
+
+def evaluation_seconds(run: PlannedRun, members: int, device: torch.device) -> float:
+    """Seconds of one call of the run's evaluation callback for all its members, timed on an ensemble of
+    `members` (its first members, fresh weights) on `device` and scaled to the run's K (0 without one)."""
+    if run.evaluate is None:
+        return 0.0
+    from .training import Ensemble
+
+    tc = run.train_config
+    with torch.random.fork_rng(devices=[]):
+        ens = Ensemble(run.model_config, tc.seeds[:members], None, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(2):  # the first call builds the callback's caches (pools on the device)
+            sync()
+            t0 = time.perf_counter()
+            run.evaluate(ens, 0)
+            sync()
+            best = min(best, time.perf_counter() - t0)
+    return best * run.n_members / members
 
 
 _rates: dict[str, float] = {}
@@ -166,7 +197,7 @@ def plan_book(profile: str, chapters: list[str] | None = None, out=print,
     device = default_device()
     nbs = [nb for nb in book_notebooks() if not chapters or nb.chapter in chapters]
     out(f"circuitbook plan: profile {profile} on {device_name(device)}, load {os.getloadavg()[0]:.1f}; "
-        "nothing is trained (times: calibration steps measured now, evaluation not included)")
+        "nothing is trained (times: a calibration step, its batch and one evaluation measured now)")
     seen: dict[tuple[str, str], RunCost] = {}
     plans = []
     for nb in nbs:
@@ -207,33 +238,42 @@ def _print_run(c: RunCost, out) -> None:
     stored = "  [complete in the store: nothing to train]" if run.complete else ""
     out(f"  {run.dir.name} ({run.key[:8]}): {run.n_members} member(s) x {span} x batch {tc.batch_size}, "
         f"{c.params_per_member:,} parameters each, {c.flops:.2e} FLOPs, "
-        f"~{fmt_seconds(c.seconds)} here (chunk {c.chunk}){stored}")
+        f"~{fmt_seconds(c.seconds)} here (chunk {c.chunk}) + ~{fmt_seconds(c.eval_seconds)} evaluating{stored}")
     if c.note:
         out(f"    note: {c.note}")
 
 
 # ---------------------------------------------------------------- groups: what must execute in one visit
 
-# A notebook's time beyond its training: a kernel's start, imports, evaluation and analysis. Evaluation is
-# charged as a share of the training time, the rest as a fixed allowance per notebook (benchmarks/README.md
-# says where these come from; a notebook's recorded time replaces the estimate once it has run).
-EVAL_SHARE = 0.10
+# A notebook's time beyond its runs' training and evaluation (both measured: `cost`): a kernel's start, its
+# imports and its analysis, a fixed allowance per notebook (a notebook's recorded time replaces the estimate
+# once it has run).
 NOTEBOOK_OVERHEAD_S = 15.0
 DEVICE_CALL_S = 480  # one call on a GPU machine that runs at most 10 minutes, with time to spare
 CALL_OVERHEAD_S = 150  # what scripts/device-run.sh spends besides the groups: install, CUDA tests, benchmarks, packing
+# Notebooks side by side on one GPU: the throughput of n processes training at once relative to one, measured on
+# the H200 of the first GPU visit (four Assign-and-Add K=64 trainings at once: 2.9x one alone,
+# ../shared/gpu-visits/2026-12-04/four-at-once.txt), straight lines between the measured points and 1 at n = 1.
+# The launch-bound steps of these models leave the GPU idle, which other processes fill.
+SIDE_BY_SIDE_THROUGHPUT = {1: 1.0, 4: 2.9}
+MAX_SIDE_BY_SIDE = 4
 
 
 @dataclass
 class Group:
     """Notebooks that must execute in one visit to a machine: the notebooks that train runs and every
-    notebook that reads them (weights never come back), joined through shared runs and `needs`."""
+    notebook that reads them (weights never come back), joined through shared runs. A notebook that only
+    reads another notebook's recorded values (a `needs` entry whose runs it does not share) is not joined
+    to it: it waits for that notebook's result to be current (`after`), from this visit or a published one."""
 
     notebooks: list[str]
     runs: list[RunCost]
     claims: int  # claim rows its notebooks grade: the group's value
-    seconds: float  # estimated time on the device it was planned on
+    seconds: float  # estimated time on the device it was planned on, alone on it
     notebook_seconds: dict[str, float]  # per notebook, in book order: the runs it trains first and its allowance
     problems: list[str]
+    after: list[str] = field(default_factory=list)  # notebooks of other groups whose recorded values it reads
+    resources: dict = field(default_factory=dict)  # the most any of its notebooks asks for (num_cpus, num_gpus)
 
     @property
     def name(self) -> str:
@@ -242,12 +282,12 @@ class Group:
 
 
 def run_seconds(c: RunCost) -> float:
-    """A run's estimated time to train here, evaluation included (0 if it is complete in the store)."""
-    return 0.0 if c.run.complete else c.seconds * (1 + EVAL_SHARE)
+    """A run's estimated time to train here, its evaluation included (0 if it is complete in the store)."""
+    return 0.0 if c.run.complete else c.total_seconds
 
 
 def groups(plans: list[NotebookPlan], profile: str) -> list[Group]:
-    """The connected groups of notebooks (shared runs, `needs`), in book order, valued and estimated."""
+    """The connected groups of notebooks (shared runs), in book order, valued and estimated."""
     from . import claims as claims_mod
 
     label_of = {p.label: p for p in plans}
@@ -259,19 +299,12 @@ def groups(plans: list[NotebookPlan], profile: str) -> list[Group]:
             x = parent[x]
         return x
 
-    def join(a, b):
-        parent[find(a)] = find(b)
-
     owner: dict[tuple[str, str], str] = {}
     for p in plans:
-        chapter, name = p.label.split("/", 1)
-        for need in params.needs(chapter, name):
-            if need in label_of:
-                join(p.label, need)
         for c in p.runs:
             ident = (c.run.dir.name, c.run.key)
             if ident in owner:
-                join(p.label, owner[ident])
+                parent[find(p.label)] = find(owner[ident])
             owner.setdefault(ident, p.label)
     graded: dict[str, int] = {}
     for chapter in claims_mod.claim_chapters():
@@ -289,49 +322,132 @@ def groups(plans: list[NotebookPlan], profile: str) -> list[Group]:
             counted.update(id(c) for c in new)
             per_nb[p.label] = sum(run_seconds(c) for c in new) + NOTEBOOK_OVERHEAD_S
         runs = list({id(c): c for p in ps for c in p.runs}.values())
+        labels = {p.label for p in ps}
+        after = sorted({need for p in ps for need in params.needs(*p.label.split("/", 1))
+                        if need in label_of and need not in labels})
+        resources = {k: max(float(p.resources.get(k, 0)) for p in ps) for k in ("num_cpus", "num_gpus")}
         out.append(Group([p.label for p in ps], runs, sum(graded.get(p.label, 0) for p in ps),
-                         sum(per_nb.values()), per_nb, [f"{p.label}: {p.error}" for p in ps if p.error]))
+                         sum(per_nb.values()), per_nb, [f"{p.label}: {p.error}" for p in ps if p.error], after,
+                         resources))
     return out
 
 
-def choose_groups(candidates: list[Group], budget_s: float) -> tuple[list[Group], list[tuple[Group, str]]]:
-    """The groups to run within budget_s: largest value (claims graded) first, the cheaper of equal value
-    first, each one that still fits the time left; returns (chosen in that order, [(skipped, why)])."""
-    chosen, skipped, left = [], [], budget_s
-    for g in sorted(candidates, key=lambda g: (-g.claims, g.seconds)):
+def by_value(candidates: list[Group]) -> list[Group]:
+    """Largest value (claims graded) first, the cheaper of equal value first, a group after those it reads."""
+    order, placed = [], set()
+    todo = sorted(candidates, key=lambda g: (-g.claims, g.seconds))
+    while todo:
+        ready = next((g for g in todo if all(a in placed or not _in(a, todo) for a in g.after)), todo[0])
+        todo.remove(ready)
+        order.append(ready)
+        placed.update(ready.notebooks)
+    return order
+
+
+def _in(label: str, groups_: list[Group]) -> bool:
+    return any(label in g.notebooks for g in groups_)
+
+
+def choose_groups(candidates: list[Group], budget_s: float, slots: int = 1
+                  ) -> tuple[list[Group], list[tuple[Group, str]]]:
+    """The groups to run within budget_s, `slots` at a time at most: by value (`by_value`), each one that
+    still fits the time left of the side-by-side schedule; returns (chosen in that order, [(skipped, why)])."""
+    chosen, skipped = [], []
+    for g in by_value(candidates):
         if g.problems:
             skipped.append((g, "; ".join(g.problems)))
-        elif g.seconds > left:
-            skipped.append((g, f"needs ~{fmt_seconds(g.seconds)}, {fmt_seconds(max(left, 0))} left"))
+            continue
+        wall = side_by_side_seconds(chosen + [g], slots)
+        if wall > budget_s:
+            skipped.append((g, f"needs ~{fmt_seconds(g.seconds)}; with the groups chosen before it the call would "
+                               f"take ~{fmt_seconds(wall)} of {fmt_seconds(max(budget_s, 0))}"))
         else:
             chosen.append(g)
-            left -= g.seconds
     return chosen, skipped
 
 
-def print_groups(found: list[Group], device: torch.device, out=print) -> None:
+def throughput(n: int) -> float:
+    """How many processes' worth of work n processes training side by side on one GPU get done."""
+    if n in SIDE_BY_SIDE_THROUGHPUT:
+        return SIDE_BY_SIDE_THROUGHPUT[n]
+    points = sorted(SIDE_BY_SIDE_THROUGHPUT.items())
+    for (a, ta), (b, tb) in zip(points, points[1:]):
+        if a <= n <= b:
+            return ta + (tb - ta) * (n - a) / (b - a)
+    return points[-1][1] if n > points[-1][0] else float(n)
+
+
+def slots_for(groups_: list[Group], cpus: int | None = None) -> int:
+    """How many groups run side by side: as many as their GPU shares fit in one GPU and their CPUs in this
+    machine's, at most MAX_SIDE_BY_SIDE (1 for groups that ask for no GPU share: one at a time)."""
+    cpus = cpus or os.cpu_count() or 1
+    if not groups_:
+        return 1
+    gpu = max(g.resources.get("num_gpus", 0) for g in groups_)
+    cpu = max(g.resources.get("num_cpus", 1) for g in groups_) or 1
+    by_gpu = int(1 / gpu) if gpu > 0 else 1
+    return max(1, min(MAX_SIDE_BY_SIDE, by_gpu, int(cpus // cpu)))
+
+
+def side_by_side_seconds(groups_: list[Group], slots: int) -> float:
+    """Wall time of the groups run in order, up to `slots` at once, sharing the GPU (`throughput`): each
+    running group advances at throughput(n) / n of its speed alone while n run."""
+    if slots <= 1:
+        return sum(g.seconds for g in groups_)
+    waiting, running, now = [g.seconds for g in groups_], [], 0.0
+    while waiting or running:
+        while waiting and len(running) < slots:
+            running.append(waiting.pop(0))
+        rate = throughput(len(running)) / len(running)
+        step = min(running) / rate
+        now += step
+        running = [r - step * rate for r in running if r - step * rate > 1e-9]
+    return now
+
+
+def print_groups(found: list[Group], device: torch.device, out=print) -> dict:
+    """Print the groups by value and the whole book's time on this device, one at a time and side by side;
+    return those times."""
     out(f"\ngroups (notebooks that train runs and those that read them: one visit each), on {device_name(device)}:")
-    for g in sorted(found, key=lambda g: (-g.claims, g.seconds)):
+    for g in by_value(found):
         fits = ("cannot plan: " + "; ".join(g.problems)) if g.problems else \
             ("fits one 8-minute call" if g.seconds <= DEVICE_CALL_S - CALL_OVERHEAD_S else "longer than one 8-minute call")
-        out(f"  {g.claims:>2} claims  ~{fmt_seconds(g.seconds):>8}  {', '.join(g.notebooks)}  [{fits}]")
+        after = f"; after {', '.join(g.after)}" if g.after else ""
+        out(f"  {g.claims:>2} claims  ~{fmt_seconds(g.seconds):>8}  {', '.join(g.notebooks)}  [{fits}{after}]")
+    plannable = [g for g in by_value(found) if not g.problems]
+    slots = slots_for(plannable) if device.type == "cuda" else 1
+    times = {"device": device_name(device), "groups": len(plannable),
+             "unplanned": [g.name for g in found if g.problems],
+             "seconds_one_at_a_time": round(sum(g.seconds for g in plannable), 1),
+             "seconds_side_by_side": round(side_by_side_seconds(plannable, slots), 1), "side_by_side": slots}
+    out(f"the whole book ({len(plannable)} groups that could be planned): ~{fmt_seconds(times['seconds_one_at_a_time'])} "
+        f"one at a time, ~{fmt_seconds(times['seconds_side_by_side'])} with {slots} side by side"
+        + (f"; not planned: {', '.join(times['unplanned'])}" if times["unplanned"] else ""))
     budget = DEVICE_CALL_S - CALL_OVERHEAD_S
-    chosen, _ = choose_groups(found, budget)
+    chosen, _ = choose_groups(found, budget, slots)
     out(f"one 8-minute call ({DEVICE_CALL_S} s, ~{CALL_OVERHEAD_S} s of it for installing, the CUDA tests, the "
         f"benchmarks and packing) runs: " + ("; ".join(f"{g.name} (~{fmt_seconds(g.seconds)})" for g in chosen)
                                               or "no group") + " (scripts/device-run.sh --budget-s 480)")
+    return times
 
 
-def print_plan(profile: str, chapters: list[str] | None = None, out=print) -> list[RunCost]:
+def print_plan(profile: str, chapters: list[str] | None = None, out=print, json_out=None) -> list[RunCost]:
     """Print every notebook's runs at `profile`, their size and cost on this device, its resources, and the
-    groups of notebooks that must execute together with their estimated time here."""
+    groups of notebooks that must execute together with their estimated time here (one at a time and side by
+    side); json_out: also write those times there (benchmarks/results/plan_<device>.json on a GPU visit)."""
     t0 = time.time()
     plans = plan_book(profile, chapters, out)
     device = default_device()
     costs = list({id(c): c for p in plans for c in p.runs}.values())
     todo = [c for c in costs if not c.run.complete]
     out(f"\ntotal: {len(costs)} runs ({len(costs) - len(todo)} complete in the store), "
-        f"{sum(c.flops for c in todo):.2e} FLOPs to train, ~{fmt_seconds(sum(c.seconds for c in todo))} on "
-        f"{device_name(device)} one run after another (planned in {time.time() - t0:.0f} s)")
-    print_groups(groups(plans, profile), device, out)
+        f"{sum(c.flops for c in todo):.2e} FLOPs to train, ~{fmt_seconds(sum(c.total_seconds for c in todo))} on "
+        f"{device_name(device)} one run after another, evaluation included (planned in {time.time() - t0:.0f} s)")
+    times = print_groups(groups(plans, profile), device, out)
+    if json_out:
+        import json
+
+        from .runs import atomic_write_json
+        atomic_write_json(json_out, {**times, "profile": profile, "planned_in_s": round(time.time() - t0, 1),
+                                     "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return costs

@@ -129,6 +129,8 @@ SETTINGS = {s.name: s for s in [
     Setting("CIRCUITBOOK_DEADLINE", _unix_time, "unix time after which train() starts no new run (a GPU visit)"),
     Setting("CIRCUITBOOK_SEAL_KEY", _seal_key, "the key results are sealed with instead of <runs>/.keys/seal.key "
                                                "(a GPU visit's, from `circuitbook visit-key`)", secret=True),
+    Setting("CIRCUITBOOK_CAPTURE", _flag, "1 replays the training step from a CUDA graph on a GPU (a visit sets it "
+            "once the captured step's CUDA tests pass there); 0 (default) trains eagerly"),
     Setting("CIRCUITBOOK_RAY_ADDRESS", _any, "the Ray cluster of a Ray build", internal=True),
     Setting("CIRCUITBOOK_RAY_RESOURCES", _any, "the resources of a notebook's Ray tasks", internal=True),
     Setting("CIRCUITBOOK_RESULTS_LABEL", _label, "the results label of the execution", internal=True),

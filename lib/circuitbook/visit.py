@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from .runs import repo_root
+from .training.capture import CAPTURE_ENV
 
 MAX_ARCHIVES = 7  # $OUT returns 8 files: the visit's log and at most 7 archives
 TESTS_SHARE, BENCH_SHARE, PLAN_SHARE = 0.2, 0.15, 0.25  # of the budget; planning: of the groups' time
@@ -146,20 +147,26 @@ def visit(a) -> int:
         "cuda tests", [sys.executable, "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-q", "-rs",
                        "-p", "no:cacheprovider", f"--junitxml={logs / 'pytest-cuda.xml'}"],
         min(TESTS_SHARE * a.budget_s, left() - PACK_RESERVE_S), logs / "pytest-cuda.txt")
+    capture, why = captured_step_verified(logs / "pytest-cuda.xml")
+    log(f"training step in the notebooks: {'captured (CUDA graph)' if capture else 'eager'}: {why}")
     device_type = "cuda" if info["cuda_available"] else "cpu"
     bench_cmd = [sys.executable, "benchmarks/gpu.py", "--profile", profile, "--out", str(bench / f"gpu_{device_type}.json")]
     if a.dry_run:
         bench_cmd += ["--members", "2", "4", "--matmul-size", "256"]
     for ch in a.chapter or []:
         bench_cmd += ["--chapter", ch]
-    phases["benchmarks"] = run_phase("benchmarks", bench_cmd, min(BENCH_SHARE * a.budget_s, left() - PACK_RESERVE_S),
-                                     logs / "benchmarks.txt")
+    bench_s = min(BENCH_SHARE * a.budget_s, left() - PACK_RESERVE_S)
+    phases["benchmarks"] = run_phase("benchmarks", bench_cmd, bench_s / 2, logs / "benchmarks.txt")
+    data_cmd = [sys.executable, "benchmarks/data.py", "--profile", profile, "--out", str(bench / f"data_{device_type}.json")]
+    phases["data benchmark"] = run_phase("data benchmark", data_cmd, min(bench_s / 2, left() - PACK_RESERVE_S),
+                                         logs / "benchmark-data.txt")
     until = end - PACK_RESERVE_S - GRACE_S
     groups_cmd = [sys.executable, "-m", "circuitbook.visit", "groups", "--profile", profile, "--until", str(until),
-                  "--summary", str(logs / "groups.json")]
+                  "--summary", str(logs / "groups.json"), "--plan-json", str(bench / f"plan_{device_type}.json")]
     for ch in a.chapter or []:
         groups_cmd += ["--chapter", ch]
-    phases["groups"] = run_phase("groups", groups_cmd, end - PACK_RESERVE_S - time.time(), logs / "groups.txt")
+    phases["groups"] = run_phase("groups", groups_cmd, end - PACK_RESERVE_S - time.time(), logs / "groups.txt",
+                                 env={CAPTURE_ENV: "1" if capture else "0"})
     (logs / "phases.json").write_text(json.dumps(phases, indent=1) + "\n")
     extra = {f"logs/{p.name}": p for p in sorted(logs.iterdir()) if p.is_file()}
     extra.update({f"benchmarks/{p.name}": p for p in sorted(bench.iterdir()) if p.is_file()})
@@ -172,22 +179,48 @@ def visit(a) -> int:
             + ", ".join(packed["left_out"]))
     summary = json.loads((logs / "groups.json").read_text()) if (logs / "groups.json").exists() else {}
     for g in summary.get("groups", []):
-        log(f"group {g['name']}: {g['status']}; estimated {g['estimate_s']:.0f} s, took {g.get('seconds', 0):.0f} s")
+        log(f"group {g['name']}: {g['status']}; estimated {g['estimate_s']:.0f} s alone, took {g.get('seconds', 0):.0f} s")
+        for n in g.get("notebooks", []):
+            if n.get("status") == "ok" and n.get("estimate_s"):
+                log(f"  {n['notebook']}: planned {n['estimate_s']:.0f} s, took {n['seconds']:.0f} s "
+                    f"({n['seconds'] / n['estimate_s']:.2f}x the plan)")
     log(f"visit done in {time.time() - started:.0f} s of {a.budget_s:.0f}; {len(packed['notebooks'])} notebooks packed; "
         f"bring back {out} and run: circuitbook import-results {out}/circuitbook-results-{profile}-*.tar.gz")
     return 0
 
 
+CAPTURED_TESTS = "captured"  # the CUDA tests of the captured step have this in their names (tests/test_cuda.py)
+
+
+def captured_step_verified(junit: Path) -> tuple[bool, str]:
+    """(use the captured step?, why): only where this machine's CUDA tests of it ran and all passed."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        cases = ET.parse(junit).getroot().iter("testcase")
+    except (OSError, ET.ParseError) as e:
+        return False, f"the CUDA tests left no readable report ({type(e).__name__})"
+    captured = [c for c in cases if CAPTURED_TESTS in c.get("name", "")]
+    ran = [c for c in captured if c.find("skipped") is None]
+    failed = [c.get("name") for c in ran if c.find("failure") is not None or c.find("error") is not None]
+    if not ran:
+        return False, "no CUDA test of the captured step ran here"
+    if failed:
+        return False, f"CUDA tests of the captured step failed here: {', '.join(failed)}"
+    return True, f"{len(ran)} CUDA tests of the captured step passed on this machine"
+
+
 # ---------------------------------------------------------------- the groups
 
-def run_groups(profile: str, until: float, chapters: list[str] | None, summary_path: Path) -> int:
+def run_groups(profile: str, until: float, chapters: list[str] | None, summary_path: Path,
+               plan_json: Path | None = None) -> int:
     """Plan, choose and execute groups of notebooks before `until`; the summary is rewritten after each notebook.
     The notebooks' `train()` starts no run after `until` ($CIRCUITBOOK_DEADLINE, set only while this runs)."""
     from .training.runner import DEADLINE_ENV
 
     before = os.environ.get(DEADLINE_ENV)
     try:
-        return _run_groups(profile, until, chapters, summary_path)
+        return _run_groups(profile, until, chapters, summary_path, plan_json)
     finally:
         if before is None:
             os.environ.pop(DEADLINE_ENV, None)
@@ -195,81 +228,194 @@ def run_groups(profile: str, until: float, chapters: list[str] | None, summary_p
             os.environ[DEADLINE_ENV] = before
 
 
-def _run_groups(profile: str, until: float, chapters: list[str] | None, summary_path: Path) -> int:
-    from . import build, plan
-    from .book import book_notebooks, compute_hashes
-    from .training.runner import DEADLINE_ENV
+def _run_groups(profile: str, until: float, chapters: list[str] | None, summary_path: Path,
+                plan_json: Path | None = None) -> int:
+    """Plan, choose, then execute the chosen groups side by side: each group is one process (`group`
+    below) executing its notebooks in book order; as many run at once as `plan.slots_for` allows (their
+    GPU shares and CPUs), a group starts once the notebooks it reads values from are current, and only if
+    its estimate (scaled by how much slower than planned the groups so far ran) fits before `until`."""
+    from . import plan
 
     t0 = time.time()
     summary_path.write_text(json.dumps({"profile": profile, "status": "planning", "groups": [], "skipped": []}) + "\n")
     plan_until = t0 + PLAN_SHARE * (until - t0)
     plans = plan.plan_book(profile, chapters, deadline=plan_until)
     found = plan.groups(plans, profile)
-    chosen, skipped = plan.choose_groups(found, until - time.time())
-    summary = {"profile": profile, "status": "executing", "planned_s": round(time.time() - t0, 1), "groups": [],
-               "skipped": []}
-    summary["skipped"] = [{"name": g.name, "notebooks": g.notebooks, "claims": g.claims, "estimate_s": g.seconds,
-                           "why": why} for g, why in skipped]
-    log(f"planned in {summary['planned_s']} s; {len(chosen)} group(s) chosen for {until - time.time():.0f} s: "
-        + "; ".join(f"{g.name} ({g.claims} claims, ~{g.seconds:.0f} s)" for g in chosen))
+    device_is_gpu = _device_type() == "cuda"
+    slots = plan.slots_for([g for g in found if not g.problems]) if device_is_gpu else min(2, os.cpu_count() or 1)
+    chosen, skipped = plan.choose_groups(found, until - time.time(), slots)
+    times = plan.print_groups(found, plan.default_device(), out=lambda line: print(line, flush=True))
+    if plan_json:
+        from .runs import atomic_write_json
+        atomic_write_json(plan_json, {**times, "profile": profile, "planned_in_s": round(time.time() - t0, 1),
+                                      "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    summary = {"profile": profile, "status": "executing", "planned_s": round(time.time() - t0, 1), "slots": slots,
+               "plan": times, "groups": [], "skipped": [{"name": g.name, "notebooks": g.notebooks, "claims": g.claims,
+                                                        "estimate_s": g.seconds, "why": why} for g, why in skipped]}
+    log(f"planned in {summary['planned_s']} s; {len(chosen)} group(s) chosen for {until - time.time():.0f} s, "
+        f"{slots} side by side: " + "; ".join(f"{g.name} ({g.claims} claims, ~{g.seconds:.0f} s)" for g in chosen))
     for g, why in skipped:
         log(f"skipped {g.name} ({g.claims} claims): {why}")
+    return execute_side_by_side(chosen, profile, until, slots, summary, summary_path)
+
+
+def _device_type() -> str:
+    from .training import default_device
+
+    return default_device().type
+
+
+def execute_side_by_side(chosen: list, profile: str, until: float, slots: int, summary: dict, summary_path: Path,
+                         python: str | None = None) -> int:
+    """Run the groups, at most `slots` at once, each in its own process; rewrite the summary as they end."""
+    from .book import book_notebooks, compute_hashes
+    from .build import cached_execution, refresh_inputs
+
     nbs = {nb.label: nb for nb in book_notebooks()}
     compute_hashes(list(nbs.values()), profile)
-    os.environ[DEADLINE_ENV] = str(until)
-    stop = False
+    work = summary_path.parent / "groups"
+    work.mkdir(parents=True, exist_ok=True)
+    todo, running, finished = list(chosen), {}, set()
+    estimated = actual = 0.0  # of the groups that ended: their ratio scales the next estimates
+    t_start = time.time()
+
+    def current(label: str) -> bool:
+        refresh_inputs(nbs[label], profile)  # what it needs may have been executed since
+        return label in finished or cached_execution(profile, nbs[label]) is not None
 
     def write_summary():
         summary_path.write_text(json.dumps(summary, indent=1) + "\n")
-    estimated = actual = 0.0  # of the notebooks executed so far: their ratio scales the next estimates
-    for g in chosen:
-        entry = {"name": g.name, "notebooks": [], "claims": g.claims, "estimate_s": g.seconds, "status": "running"}
-        summary["groups"].append(entry)
-        started = time.time()
-        for label in g.notebooks:
-            nb = nbs[label]
-            scale = max(1.0, actual / estimated) if estimated else 1.0
-            estimate = g.notebook_seconds[label] * scale
-            if time.time() + estimate > until:
-                entry["status"] = (f"stopped before {label}: ~{estimate:.0f} s needed"
-                                   + (f" (the estimate x {scale:.2f}, as the notebooks so far took)" if scale > 1 else "")
-                                   + f", {max(0.0, until - time.time()):.0f} s left")
+    while todo or running:
+        scale = max(1.0, actual / estimated) if estimated else 1.0
+        for g in list(todo):
+            if len(running) >= slots:
                 break
-            record = {"notebook": label, "estimate_s": round(estimate, 1)}
-            entry["notebooks"].append(record)
-            build.refresh_inputs(nb, profile)  # a notebook it needs may have been executed above
-            if build.cached_execution(profile, nb):
-                record.update(status="cached", seconds=0.0)
+            if not all(current(a) for a in g.after):
+                coming = {n for r in running.values() for n in r["group"].notebooks} | {n for o in todo for n in o.notebooks}
+                if any(a in coming for a in g.after):
+                    continue  # it reads values a running or later group makes: once that group has ended
+                todo.remove(g)
+                summary["groups"].append({"name": g.name, "notebooks": [], "claims": g.claims, "estimate_s": g.seconds,
+                                          "status": "not run: it reads values of notebooks with no current result: "
+                                                    + ", ".join(a for a in g.after if not current(a))})
                 continue
-            log(f"executing {label} (estimated {estimate:.0f} s, {until - time.time():.0f} s left)")
-            dest = build.executed_path(profile, nb)
-            build.executed_path(profile, nb).with_suffix(".json").unlink(missing_ok=True)
-            t_nb = time.time()
-            try:
-                seconds = build.execute(nb, profile, dest, label=profile, log=log)
-                build._store_execution(profile, nb, dest, seconds)
-                record.update(status="ok", seconds=round(seconds, 1))
-                log(f"{label}: done in {seconds:.0f} s (estimated {estimate:.0f} s)")
-            except build.BuildError as e:
-                record.update(status="failed", error=str(e)[:500], seconds=round(time.time() - t_nb, 1))
-                log(f"{label}: FAILED: {e}")
-                if "BudgetExhausted" in str(e):
-                    stop = True
-                    entry["status"] = f"stopped between runs in {label}: the budget ended"
-                break
-            finally:
-                estimated += g.notebook_seconds[label]
-                actual += time.time() - t_nb
-                write_summary()
-        entry["seconds"] = round(time.time() - started, 1)
-        if entry["status"] == "running":
-            failed = [r["notebook"] for r in entry["notebooks"] if r["status"] == "failed"]
-            entry["status"] = f"failed at {failed[0]}" if failed else "done"
-        write_summary()
-        if stop or time.time() > until:
+            wall = g.seconds * scale * (len(running) + 1) / plan_throughput(len(running) + 1)
+            if time.time() + wall > until:
+                todo.remove(g)
+                summary["groups"].append({"name": g.name, "notebooks": [], "claims": g.claims, "estimate_s": g.seconds,
+                                          "status": f"not started: ~{wall:.0f} s needed side by side, "
+                                                    f"{max(0.0, until - time.time()):.0f} s left"})
+                continue
+            todo.remove(g)
+            slowdown = (len(running) + 1) / plan_throughput(len(running) + 1)  # sharing the GPU with the others
+            running[g.name] = _start_group(g, profile, until, scale * slowdown, work, python)
+            running[g.name]["entry"] = {"name": g.name, "notebooks": [], "claims": g.claims, "estimate_s": g.seconds,
+                                        "status": "running", "started_s": round(time.time() - t_start, 1)}
+            summary["groups"].append(running[g.name]["entry"])  # in the order they started
+            write_summary()
+            log(f"started group {g.name} ({len(running)} running; estimated {g.seconds * scale:.0f} s alone)")
+        if not running:
             break
+        time.sleep(0.5)
+        for name, r in list(running.items()):
+            if r["proc"].poll() is None:
+                continue
+            del running[name]
+            entry = r["entry"]
+            entry.update(_read_group_summary(r))
+            entry.update(ended_s=round(time.time() - t_start, 1), seconds=round(time.time() - r["started"], 1))
+            finished.update(n["notebook"] for n in entry["notebooks"] if n.get("status") in ("ok", "cached"))
+            estimated += sum(n.get("estimate_s", 0) for n in entry["notebooks"] if n.get("status") == "ok")
+            actual += sum(n.get("seconds", 0) for n in entry["notebooks"] if n.get("status") == "ok")
+            log(f"group {name}: {entry['status']} after {entry['seconds']:.0f} s (estimated {r['group'].seconds:.0f} s alone)")
+            write_summary()
     summary["status"] = "done"
     write_summary()
+    return 0
+
+
+def plan_throughput(n: int) -> float:
+    from .plan import throughput
+
+    return throughput(n)
+
+
+def _start_group(g, profile: str, until: float, scale: float, work: Path, python: str | None) -> dict:
+    spec = work / f"{abs(hash(g.name)):x}.json"
+    out = spec.with_suffix(".summary.json")
+    spec.write_text(json.dumps({"name": g.name, "notebooks": g.notebooks, "claims": g.claims,
+                                "estimates": {k: v * scale for k, v in g.notebook_seconds.items()}}))
+    cmd = [python or sys.executable, "-m", "circuitbook.visit", "group", "--profile", profile, "--until", str(until),
+           "--spec", str(spec), "--summary", str(out)]
+    log_file = open(spec.with_suffix(".log"), "w")
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=repo_root())
+    return {"group": g, "proc": proc, "summary": out, "log": log_file, "started": time.time()}
+
+
+def _read_group_summary(r: dict) -> dict:
+    r["log"].close()
+    text = Path(r["log"].name).read_text()
+    for line in text.splitlines():
+        print(f"  [{r['group'].name}] {line}", flush=True)
+    try:
+        return json.loads(r["summary"].read_text())
+    except (OSError, ValueError):
+        return {"name": r["group"].name, "notebooks": [], "claims": r["group"].claims,
+                "estimate_s": r["group"].seconds, "status": f"failed: its process ended with {r['proc'].returncode} "
+                                                            "and no summary (its log is above)"}
+
+
+def run_group(profile: str, until: float, spec_path: Path, summary_path: Path) -> int:
+    """Execute one group's notebooks in book order (`execute_side_by_side` starts one process per group)."""
+    from . import build
+    from .book import book_notebooks, compute_hashes
+    from .training.runner import DEADLINE_ENV
+
+    spec = json.loads(spec_path.read_text())
+    nbs = {nb.label: nb for nb in book_notebooks()}
+    compute_hashes(list(nbs.values()), profile)
+    os.environ[DEADLINE_ENV] = str(until)
+    entry = {"name": spec["name"], "notebooks": [], "claims": spec["claims"],
+             "estimate_s": round(sum(spec["estimates"].values()), 1), "status": "running"}
+    estimated = actual = 0.0
+    for label in spec["notebooks"]:
+        nb = nbs[label]
+        scale = max(1.0, actual / estimated) if estimated else 1.0
+        estimate = spec["estimates"][label] * scale
+        if time.time() + estimate > until:
+            entry["status"] = (f"stopped before {label}: ~{estimate:.0f} s needed"
+                               + (f" (the estimate x {scale:.2f}, as the notebooks so far took)" if scale > 1 else "")
+                               + f", {max(0.0, until - time.time()):.0f} s left")
+            break
+        record = {"notebook": label, "estimate_s": round(estimate, 1)}
+        entry["notebooks"].append(record)
+        build.refresh_inputs(nb, profile)  # a notebook it needs may have been executed above
+        if build.cached_execution(profile, nb):
+            record.update(status="cached", seconds=0.0)
+            continue
+        log(f"executing {label} (estimated {estimate:.0f} s, {until - time.time():.0f} s left)")
+        dest = build.executed_path(profile, nb)
+        dest.with_suffix(".json").unlink(missing_ok=True)
+        t_nb = time.time()
+        try:
+            seconds = build.execute(nb, profile, dest, label=profile, log=log)
+            build._store_execution(profile, nb, dest, seconds)
+            record.update(status="ok", seconds=round(seconds, 1))
+            log(f"{label}: done in {seconds:.0f} s (estimated {estimate:.0f} s)")
+        except build.BuildError as e:
+            record.update(status="failed", error=str(e)[:500], seconds=round(time.time() - t_nb, 1))
+            log(f"{label}: FAILED: {e}")
+            if "BudgetExhausted" in str(e):
+                entry["status"] = f"stopped between runs in {label}: the budget ended"
+            break
+        finally:
+            estimated += spec["estimates"][label]
+            actual += time.time() - t_nb
+            summary_path.write_text(json.dumps(entry, indent=1) + "\n")
+    if entry["status"] == "running":
+        failed = [r["notebook"] for r in entry["notebooks"] if r["status"] == "failed"]
+        entry["status"] = f"failed at {failed[0]}" if failed else "done"
+    summary_path.write_text(json.dumps(entry, indent=1) + "\n")
     return 0
 
 
@@ -288,7 +434,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--until", type=float, required=True, help="unix time by which the last notebook must end")
     g.add_argument("--summary", type=Path, required=True)
     g.add_argument("--chapter", action="append", default=None)
+    g.add_argument("--plan-json", type=Path, default=None, help="write the whole book's planned time here")
+    one = sub.add_parser("group", help="execute one group's notebooks (started by `groups`, one process per group)")
+    one.add_argument("--profile", required=True)
+    one.add_argument("--until", type=float, required=True)
+    one.add_argument("--spec", type=Path, required=True)
+    one.add_argument("--summary", type=Path, required=True)
     a = ap.parse_args(argv)
+    if a.command == "group":
+        return run_group(a.profile, a.until, a.spec, a.summary)
     from . import params
 
     known = params.chapters() + [params.BOOK_PSEUDO_CHAPTER]
@@ -299,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.budget_s < 2 * PACK_RESERVE_S:
             ap.error(f"--budget-s {a.budget_s:g}: at least {2 * PACK_RESERVE_S:.0f} s")
         return visit(a)
-    return run_groups(a.profile, a.until, a.chapter, a.summary)
+    return run_groups(a.profile, a.until, a.chapter, a.summary, a.plan_json)
 
 
 if __name__ == "__main__":

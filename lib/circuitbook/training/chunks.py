@@ -24,7 +24,8 @@ from .. import log, runs, settings
 from ..models.registry import config_to_dict
 from .config import TrainConfig
 from .device import default_device, device_name, device_policy
-from .ensemble import Ensemble, Optimizer, data_sampler, train_step
+from .capture import step_runner
+from .ensemble import Ensemble, Optimizer, data_sampler
 from .evaluate import EvalFn
 from .loop import Trainer
 from .run import Run, checkpoint_rel
@@ -121,6 +122,13 @@ def best_chunk(n_members: int, steps: int, step_seconds: dict[int, float], worke
     return best
 
 
+def whole_ensemble_on(device: torch.device) -> bool:
+    """A GPU trains every member of a run together: there a step of the book's models is bound by launching
+    kernels, not by arithmetic (on an H200, 9-12 ms for every chapter's model at K = 8..64, the first GPU
+    visit's benchmarks), so splitting a run into chunks only multiplies the launches."""
+    return device.type == "cuda"
+
+
 def _draws_random_numbers(model_cfg) -> bool:
     """Members that draw random numbers while training (dropout) share one random stream under vmap,
     so a chunk would not reproduce them exactly: such runs train as one ensemble."""
@@ -152,6 +160,8 @@ def choose_chunk(spec: RunSpec, requested=None, device: torch.device | None = No
     if _draws_random_numbers(spec.model):
         return K
     device = device or default_device()
+    if whole_ensemble_on(device):
+        return K
     whole = calibrate(spec, [K], device, repeats=2).step_s[K]
     if spec.tc.steps * whole < MIN_CALIBRATED_RUN_S or spec.tc.steps < MIN_CALIBRATED_STEPS:
         return K  # too short for the calibration (a few steps at each size) to pay for itself
@@ -219,15 +229,15 @@ def _step_fn(spec: RunSpec, c: int, device: torch.device) -> tuple[Callable[[], 
         ens = Ensemble(spec.model, tc.seeds, None, device)
     opt = Optimizer(ens.params, ens.trainable, tc)
     sampler = data_sampler(spec.tasks[:c], tc.seeds, device)
-    kind, steps = spec.tasks[0].loss, iter(range(1 << 31))
+    take_step, _ = step_runner(ens, opt, sampler, spec.tasks[0].loss, tc)  # the step training will take
+    steps = iter(range(1 << 31))
 
     def step() -> float:
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             sync()
             t0 = time.perf_counter()
-            tokens, labels = sampler(next(steps), tc.batch_size)
-            train_step(ens, opt, tokens, labels, kind, tc)
+            take_step(next(steps))
             sync()
         return time.perf_counter() - t0
 

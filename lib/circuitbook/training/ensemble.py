@@ -125,7 +125,10 @@ class Optimizer:
         device = next(iter(self.params.values())).device
         self.lr = torch.tensor(tc.per_member("lr"), device=device)
         self.wd = torch.tensor(tc.per_member("weight_decay"), device=device)
-        self.t = 0
+        # the step count lives on the device, with the bias corrections computed from it there, so that a step
+        # replayed from a CUDA graph (training.capture) counts like an eager one; float64 keeps Adam's
+        # corrections those of a Python float
+        self._t = torch.zeros((), dtype=torch.float64, device=device)
         self.exp_avg = {n: torch.zeros_like(p) for n, p in self.params.items()} if self.kind == "adamw" else {}
         self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in self.params.items()} if self.kind == "adamw" else {}
 
@@ -133,10 +136,21 @@ class Optimizer:
     def _per_member(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return v.view(-1, *([1] * (like.dim() - 1)))
 
+    @property
+    def t(self) -> int:
+        """Optimizer steps taken (read from the device: for checkpoints, not for every step)."""
+        return int(self._t.item())
+
+    @t.setter
+    def t(self, value: int) -> None:
+        self._t.fill_(float(value))
+
     @torch.no_grad()
     def step(self) -> None:
-        self.t += 1
+        """One step of every member; nothing here reads the device back, so the step can be captured."""
+        self._t.add_(1)
         b1, b2 = self.betas
+        bias1, bias2 = 1 - torch.pow(b1, self._t), 1 - torch.pow(b2, self._t)
         for n, p in self.params.items():
             g = p.grad
             lr, wd = self._per_member(self.lr, p), self._per_member(self.wd, p)
@@ -147,8 +161,8 @@ class Optimizer:
             m, v = self.exp_avg[n], self.exp_avg_sq[n]
             m.lerp_(g, 1 - b1)
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (v / (1 - b2 ** self.t)).sqrt_().add_(self.eps)
-            p.sub_(lr / (1 - b1 ** self.t) * m / denom)
+            denom = (v / bias2).sqrt_().add_(self.eps)
+            p.sub_(lr / bias1 * m / denom)
 
     def zero_grad(self) -> None:
         for p in self.params.values():
@@ -167,7 +181,7 @@ class Optimizer:
 
 
 def accumulate_gradients(ens: Ensemble, tokens: torch.Tensor, labels: torch.Tensor, kind: str,
-                         tc: TrainConfig) -> torch.Tensor:
+                         tc: TrainConfig, autocast_cache: bool = True) -> torch.Tensor:
     """Backpropagate each member's mean loss over the whole batch; return the losses [K].
 
     With `micro_batch_size` the batch is processed in slices whose summed losses are divided
@@ -178,7 +192,9 @@ def accumulate_gradients(ens: Ensemble, tokens: torch.Tensor, labels: torch.Tens
     step = tc.micro_batch_size or size
     total = scored_labels(labels).clamp(min=1).to(torch.float32)
     losses = torch.zeros_like(total)
-    autocast = torch.autocast(ens.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16")
+    # a step captured in a CUDA graph must not keep autocast's cache of cast weights (they would be stale)
+    autocast = torch.autocast(ens.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16",
+                              cache_enabled=autocast_cache)
     for start in range(0, size, step):
         with autocast:
             logits = ens.logits(tokens[:, start:start + step], last_only=kind == "last", training=True)
@@ -190,10 +206,10 @@ def accumulate_gradients(ens: Ensemble, tokens: torch.Tensor, labels: torch.Tens
 
 
 def train_step(ens: Ensemble, opt: Optimizer, tokens: torch.Tensor, labels: torch.Tensor, kind: str,
-               tc: TrainConfig) -> torch.Tensor:
+               tc: TrainConfig, autocast_cache: bool = True) -> torch.Tensor:
     """One optimizer step of every member on its batch; returns the losses [K]."""
     opt.zero_grad()
-    losses = accumulate_gradients(ens, tokens, labels, kind, tc)
+    losses = accumulate_gradients(ens, tokens, labels, kind, tc, autocast_cache)
     opt.step()
     return losses
 

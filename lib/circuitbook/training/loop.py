@@ -23,7 +23,8 @@ from .. import log, runs
 from ..tasks.base import derive_seed
 from .config import TrainConfig
 from .device import device_policy
-from .ensemble import Ensemble, Optimizer, data_sampler, train_step
+from .capture import step_runner
+from .ensemble import Ensemble, Optimizer, data_sampler
 from .run import checkpoint_rel
 
 
@@ -187,6 +188,8 @@ class Trainer:
         runs.atomic_write_json(self.dir.file("config.json"), self.full_config)
         step = self._resume()
         tc, kind = self.tc, self.tasks[0].loss
+        take_step, how = step_runner(self.ens, self.opt, self.sampler, kind, tc)
+        log.info(f"{self.dir.name}: {how}")
         if step == self.start and not self.metrics_path.exists():
             self._log(step)
             if step in self.schedule:
@@ -196,8 +199,7 @@ class Trainer:
                    mininterval=10, file=stream, dynamic_ncols=False, ncols=100)
         t0 = time.time()
         while step < tc.steps:
-            tokens, labels = self.sampler(step, tc.batch_size)
-            self.last_loss = train_step(self.ens, self.opt, tokens, labels, kind, tc)
+            self.last_loss = take_step(step)
             step += 1
             bar.update(1)
             if step % tc.eval_every == 0 or step == tc.steps:

@@ -22,9 +22,10 @@ _planning: "Plan | None" = None
 class PlannedRun:
     """What `train()` returns while planning: the run's identity and size, nothing trained."""
 
-    def __init__(self, rundir: runs.RunDir, model, tasks: list, tc: TrainConfig, fork_from, complete: bool):
+    def __init__(self, rundir: runs.RunDir, model, tasks: list, tc: TrainConfig, fork_from, complete: bool,
+                 evaluate=None):
         self.dir, self.path, self.model_config, self.train_config = rundir, rundir.path, model, tc
-        self.tasks, self.fork_from, self.complete = tasks, fork_from, complete
+        self.tasks, self.fork_from, self.complete, self.evaluate = tasks, fork_from, complete, evaluate
         self.manifest: dict = {}
 
     def __repr__(self):
@@ -52,9 +53,9 @@ class Plan:
         self.runs: list[PlannedRun] = []
         self.notes: dict[str, str] = {}
 
-    def add(self, rundir, full_config, model, tasks, tc, fork_from) -> PlannedRun:
+    def add(self, rundir, full_config, model, tasks, tc, fork_from, evaluate=None) -> PlannedRun:
         complete = rundir.check_complete()[0]
-        planned = PlannedRun(rundir, model, tasks, tc, fork_from, complete)
+        planned = PlannedRun(rundir, model, tasks, tc, fork_from, complete, evaluate)
         if all(r.key != planned.key or r.dir.name != rundir.name for r in self.runs):
             self.runs.append(planned)
         return planned

@@ -90,7 +90,7 @@ def train(name: str, model, task, config: TrainConfig, *, evaluate: EvalFn | Non
     }
     rundir = store.run_dir(name, full_config)
     if current_plan() is not None:
-        return current_plan().add(rundir, full_config, model, tasks, config, fork_from)
+        return current_plan().add(rundir, full_config, model, tasks, config, fork_from, evaluate)
     with rundir.lock() as lock:
         if store.open_complete(rundir):
             log.info(f"cached run {rundir.name} ({rundir.key[:8]})")
