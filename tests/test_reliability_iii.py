@@ -777,3 +777,17 @@ def test_the_visit_script_refuses_bad_input_before_installing_anything(script_ch
     text = proc.stdout + proc.stderr
     assert proc.returncode == 2 and needle.replace("FILE", str(tmp_path / "FILE")) in text, text
     assert "no wheels" not in text and "Traceback" not in text, text
+
+
+def test_a_copy_without_git_history_names_the_commit_it_was_given(tmp_path, monkeypatch):
+    """A GPU visit's working tree travels without .git: its provenance names the commit the visit was given."""
+    from circuitbook import seal, settings
+
+    (tmp_path / "_toc.yml").write_text("root: intro\n")
+    monkeypatch.setenv("CIRCUITBOOK_ROOT", str(tmp_path))
+    monkeypatch.delenv("CIRCUITBOOK_COMMIT", raising=False)
+    assert seal.commit().startswith("unknown")
+    monkeypatch.setenv("CIRCUITBOOK_COMMIT", "0123abcd4567 (clean)")
+    assert seal.commit() == "0123abcd4567 (clean)"
+    with pytest.raises(settings.SettingError, match="is not a git commit"):
+        settings.check_environment({"CIRCUITBOOK_COMMIT": "HEAD; rm -rf /"})

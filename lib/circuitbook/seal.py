@@ -193,8 +193,12 @@ def machine() -> str:
 
 
 def commit() -> str:
-    """`<git HEAD> (clean)` or `(dirty)` of the book's checkout; `unknown (not a git checkout)` elsewhere."""
+    """`<git HEAD> (clean)` or `(dirty)` of the book's checkout; $CIRCUITBOOK_COMMIT in a copy without its git
+    history (a GPU visit's working tree, given by whoever sent it); `unknown (not a git checkout)` elsewhere."""
     root = repo_root()
+    if os.environ.get("CIRCUITBOOK_COMMIT") and not (root / ".git").exists():
+        given = os.environ["CIRCUITBOOK_COMMIT"].strip()
+        return given if given.endswith(")") else f"{given} (as given)"
 
     def git(*args):
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)

@@ -96,6 +96,12 @@ def _label(text: str) -> str:
     return check_label(text)
 
 
+def _commit(text: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{7,40}( \((clean|dirty)\))?", text.strip()):
+        raise SettingError(f"{text!r} is not a git commit (7 to 40 hex digits, optionally ' (clean)' or ' (dirty)')")
+    return text
+
+
 def _seal_key(text: str) -> str:
     if not re.fullmatch(r"[0-9a-fA-F]{64}", text.strip()):
         raise SettingError("a seal key is 64 hexadecimal digits (32 bytes), as `circuitbook visit-key` prints "
@@ -129,6 +135,8 @@ SETTINGS = {s.name: s for s in [
     Setting("CIRCUITBOOK_DEADLINE", _unix_time, "unix time after which train() starts no new run (a GPU visit)"),
     Setting("CIRCUITBOOK_SEAL_KEY", _seal_key, "the key results are sealed with instead of <runs>/.keys/seal.key "
                                                "(a GPU visit's, from `circuitbook visit-key`)", secret=True),
+    Setting("CIRCUITBOOK_COMMIT", _commit, "the commit of a checkout copied without its git history (a GPU "
+            "visit's working tree): what a result's provenance names"),
     Setting("CIRCUITBOOK_CAPTURE", _flag, "1 replays the training step from a CUDA graph on a GPU (a visit sets it "
             "once the captured step's CUDA tests pass there); 0 (default) trains eagerly"),
     Setting("CIRCUITBOOK_RAY_ADDRESS", _any, "the Ray cluster of a Ray build", internal=True),
