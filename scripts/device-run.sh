@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One visit to a GPU machine that cannot download anything, run from the repository root there:
 #
-#   scripts/device-run.sh [--budget-s S] [--dry-run] [--out DIR] [--chapter SLUG ...]
+#   scripts/device-run.sh [--budget-s S] [--dry-run] [--redo-all] [--out DIR] [--chapter SLUG ...]
+#
+# A visit continues the last one: the results published at its profile (published/full/) are placed in its
+# store first, and the groups whose notebooks are all current there are not executed again (--redo-all:
+# execute every group).
 #
 # Installs the wheels of .whl/ (`make device-pack` here) into a temporary folder with
 # `pip install --no-index --no-deps --target`, checks them against the image's packages, prints the GPU,
@@ -20,7 +24,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
-budget=480 dry=0 out="${OUT:-}" chapters=() slugs=()
+budget=480 dry=0 redo=0 out="${OUT:-}" chapters=() slugs=()
 min_budget=40  # the visit keeps 20 s for packing and needs as much again to do anything (circuitbook.visit)
 fail() { echo "device-run.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -28,6 +32,7 @@ while [ $# -gt 0 ]; do
     --budget-s) budget="${2:?--budget-s needs a number of seconds}"; shift 2 ;;
     --dry-run) dry=1; shift ;;
     --out) out="${2:?--out needs a folder}"; shift 2 ;;
+    --redo-all) redo=1; shift ;;
     --chapter) slugs+=("${2:?--chapter needs a slug}"); chapters+=(--chapter "$2"); shift 2 ;;
     -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) fail "unknown argument $1 (see --help)" ;;
@@ -79,4 +84,4 @@ echo "device-run: $("$PY" -c 'import sys, torch; print("python", sys.version.spl
   "| CUDA", torch.version.cuda, "|", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")')"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 exec "$PY" -m circuitbook.visit visit --budget-s "$budget" --started "$started" --out "$out" \
-  $( [ "$dry" = 1 ] && echo --dry-run ) "${chapters[@]}"
+  $( [ "$dry" = 1 ] && echo --dry-run ) $( [ "$redo" = 1 ] && echo --redo-all ) "${chapters[@]}"

@@ -199,6 +199,39 @@ def fmt_seconds(s: float) -> str:
 _GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`([^`]+)`")
 
 
+def glued_keys(notebook) -> set[str]:
+    """The glue keys an executed notebook's outputs hold (myst-nb's `glue` marks each output with its name)."""
+    keys = set()
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            name = ((output.get("metadata") or {}).get("scrapbook") or {}).get("name")
+            if isinstance(name, str):
+                keys.add(name)
+    return keys
+
+
+def placeholder_missing_glue(path: Path, why: str) -> int:
+    """In a staged notebook that stopped before recording everything its text quotes (a failed execution),
+    show each glue key it never recorded as a named placeholder instead of failing the whole book; returns
+    how many references were replaced."""
+    notebook = nbformat.read(path, as_version=4)
+    have, replaced = glued_keys(notebook), 0
+
+    def sub(m):
+        nonlocal replaced
+        key = m.group(1).split(":")[0]
+        if key in have:
+            return m.group(0)
+        replaced += 1
+        return f"*[{key}: {why}]*"
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            cell.source = _GLUE_ROLE.sub(sub, cell.source)
+    if replaced:
+        nbformat.write(notebook, path)
+    return replaced
+
+
 def _not_executed(src: Path, dest: Path, profile: str) -> None:
     """Stage a notebook that this build does not execute: code only, clearly marked.
 
@@ -231,6 +264,7 @@ def _stage_unexecuted(nb: Notebook, profile: str, dest: Path) -> str:
         results = None
     if results and results.get("status") == "failed":
         _stage_stored(profile, nb, dest)
+        placeholder_missing_glue(dest, "not computed: the notebook failed")
         return "its failed execution"
     changed = _unverified(profile, nb, results)
     _stage_stored(profile, nb, dest, banner=(
@@ -408,6 +442,7 @@ def build(profile: str, chapters: list[str] | None = None, force: bool = False, 
                 log(f"FAILED: {e}")
                 if not keep_going:
                     raise
+                _stage_failed(dest, profile, nb)
                 continue
             _store_execution(profile, nb, dest, secs)
             timing[nb.label] = secs
@@ -421,6 +456,137 @@ def build(profile: str, chapters: list[str] | None = None, force: bool = False, 
         raise BuildError(f"{len(failures)} notebook(s) failed (the book was rendered with --keep-going):\n"
                          + "\n".join(failures))
     return html
+
+
+PUBLISHED_BOOK = "book"  # _build/book: the book from published results (`build_published`)
+
+
+def build_published(keep_going: bool = False, log=print, execute_missing: bool = True,
+                    default_profile: str = "cpu") -> Path:
+    """The book as a reader gets it (`make book`): every notebook page from the largest profile whose result is
+    current (full over cpu over smoke) after what `published/` holds is placed in the store (`publish.load`);
+    the rest executed at `default_profile` as a build at that profile would (or, with execute_missing=False,
+    shown stale or as code). Each page says which profile, machine and commit its numbers came from; the
+    scorecard shows full beside cpu for every claim. HTML in _build/book/html."""
+    from . import publish
+
+    nbs = book_notebooks()
+    book.check_notebooks(nbs)
+    _check_claims()
+    check_store()
+    params.check_profile(default_profile)
+    for profile in publish.profiles():
+        try:
+            got = publish.load(profile, log=log)
+        except publish.PublishError as e:
+            log(f"published/{profile} is not used: {e}")
+            continue
+        log(f"published/{profile}: {len(got.current)} current, {len(got.stale)} stale (not graded), "
+            f"{len(got.kept_local)} kept from this store, {len(got.refused)} refused")
+    by_profile = {p: {nb.label: nb for nb in book_notebooks()} for p in publish.ORDER}
+    for p, table in by_profile.items():
+        compute_hashes(list(table.values()), p)  # validates every notebook's parameters at every profile
+    shown, failures, timing = {}, [], {}
+    with build_lock(PUBLISHED_BOOK, log):
+        src = stage(PUBLISHED_BOOK)
+        for i, nb0 in enumerate(nbs, 1):
+            dest = src / nb0.path
+            choice = _current_profile(nb0.label, by_profile)
+            if choice is None and execute_missing:
+                nb = by_profile[default_profile][nb0.label]
+                log(f"[{i}/{len(nbs)}] {nb.path}: no current result published or stored; executing at "
+                    f"{default_profile} ...")
+                executed_path(default_profile, nb).with_suffix(".json").unlink(missing_ok=True)
+                try:
+                    secs = execute(nb, default_profile, dest, log=log, label=default_profile)
+                    _store_execution(default_profile, nb, dest, secs)
+                    choice, timing[nb.label] = default_profile, secs
+                except BuildError as e:
+                    failures.append(str(e))
+                    log(f"FAILED: {e}")
+                    if not keep_going:
+                        raise
+            if choice is None:
+                profile = next((p for p in publish.ORDER if executed_path(p, nb0).exists()), default_profile)
+                nb = by_profile[profile][nb0.label]
+                log(f"[{i}/{len(nbs)}] {nb.path}: {_stage_unexecuted(nb, profile, dest)} (at {profile})")
+                shown[nb0.label] = (profile, None)
+                continue
+            nb = by_profile[choice][nb0.label]
+            results = context.read_results(nb.chapter, nb.name, choice) or {}
+            _stage_stored(choice, nb, dest, banner=pages.provenance_banner(choice, results))
+            shown[nb0.label] = (choice, results)
+            timing.setdefault(nb.label, (results.get("provenance") or {}).get("seconds"))
+            log(f"[{i}/{len(nbs)}] {nb.path}: {choice} ({claims_provenance(results)})")
+        write_published_pages(src, shown, timing)
+        html = render(src, PUBLISHED_BOOK, log)
+    log(f"HTML: {html / 'index.html'}")
+    if failures:
+        raise BuildError(f"{len(failures)} notebook(s) failed (the book was rendered with --keep-going):\n"
+                         + "\n".join(failures))
+    return html
+
+
+def claims_provenance(results: dict) -> str:
+    from .claims import provenance_text
+
+    return provenance_text(results.get("provenance")) or "no provenance recorded"
+
+
+def _current_profile(label: str, by_profile: dict) -> str | None:
+    """The largest profile at which the store holds a current, verified execution of `label`."""
+    from .publish import ORDER
+
+    for profile in ORDER:
+        nb = by_profile[profile][label]
+        refresh_inputs(nb, profile)  # the identity of the results it needs, as placed above
+        if cached_execution(profile, nb) is not None:
+            return profile
+    return None
+
+
+def write_published_pages(src: Path, shown: dict, seconds: dict) -> None:
+    """The published book's generated pages: the scorecard with full beside cpu for every claim, each chapter's
+    header (which profile, machine and commit each page shows) and claims, each page's re-run box."""
+    from . import claims
+
+    page = src / "book" / "scorecard.md"
+    text = page.read_text() if page.exists() else SCORECARD_MARKER
+    rows = {p: claims.scorecard(p) for p in pages.BESIDE}
+    page.write_text(text.replace(SCORECARD_MARKER, pages.scorecard_beside(rows)))
+    built = time.strftime("%Y-%m-%d %H:%M")
+    for chapter in claims.claim_chapters():
+        if chapter == params.BOOK_PSEUDO_CHAPTER:
+            continue
+        index = src / "chapters" / chapter / "index.md"
+        if not index.exists():
+            continue
+        ch_rows = {p: [r for r in rs if r["chapter"] == chapter] for p, rs in rows.items()}
+
+        def page_row(r0):  # the row of the profile its notebook's page shows (cpu's for a smoke page)
+            profile = shown.get(f"{chapter}/{r0['notebook']}", ("cpu", None))[0]
+            return next((r for r in ch_rows.get(profile, []) if r["id"] == r0["id"]), r0)
+        page_rows = [page_row(r0) for r0 in ch_rows["cpu"]]
+        presentation.summary_figure(chapter, page_rows, index.parent / "_generated" / "summary.png")
+        index.write_text(pages.place_published_header(index.read_text(), chapter, shown, seconds, built, ch_rows,
+                                                      figure="_generated/summary.png"))
+    for nb in book_notebooks(repo_root()):
+        staged = src / nb.path
+        if staged.exists():
+            _add_rerun_box(staged, nb, shown.get(nb.label, ("cpu",))[0])
+
+
+def _stage_failed(dest: Path, profile: str, nb: Notebook) -> None:
+    """A notebook that failed in this build renders as it failed (papermill's banner on top), the values it
+    never recorded as placeholders; with no partial output, its code only."""
+    if dest.exists():
+        try:
+            placeholder_missing_glue(dest, "not computed: the notebook failed")
+            return
+        except Exception:  # noqa: BLE001 - a torn notebook: show the code instead
+            pass
+    shutil.copy2(repo_root() / nb.path, dest)
+    _not_executed(dest, dest, profile)
 
 
 def _execute_on_cluster(todo: list[Notebook], profile: str, src: Path, address: str, resources: dict,

@@ -60,11 +60,17 @@ def make_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     profile_help = "smoke | cpu | full (default: full with a CUDA GPU, else cpu)"
 
-    b = sub.add_parser("build", help="execute the notebooks and render the book",
-                       description="Stage the sources under _build/PROFILE/src, execute every notebook of _toc.yml "
-                                   "in order with papermill (unchanged notebooks come from the cache), generate the "
-                                   "scorecard and render HTML to _build/PROFILE/html.")
-    b.add_argument("--profile", choices=params.PROFILES, default=None, help=profile_help)
+    b = sub.add_parser("build", help="render the book (from published results, or executed at a profile)",
+                       description="Without --profile: the published book, what `make book` builds: the results in "
+                                   "published/ are placed in the run store, every page shows the largest profile whose "
+                                   "result is current (full over cpu over smoke), the rest is executed at this "
+                                   "machine's default profile; HTML in _build/book/html. With --profile: stage the "
+                                   "sources under _build/PROFILE/src, execute every notebook of _toc.yml in order with "
+                                   "papermill (unchanged notebooks come from the cache), generate the scorecard and "
+                                   "render HTML to _build/PROFILE/html.")
+    b.add_argument("--profile", choices=params.PROFILES, default=None,
+                   help="smoke | cpu | full: execute the book at this profile (default: the published book, executing "
+                        "what is not published at full with a CUDA GPU, else at cpu)")
     b.add_argument("--chapter", action="append", metavar="SLUG", default=None,
                    help="execute only this chapter (repeatable); others use cached outputs if any")
     b.add_argument("--force", action="store_true", help="re-execute notebooks even if their inputs are unchanged")
@@ -138,6 +144,13 @@ def make_parser() -> argparse.ArgumentParser:
                                    "results go to benchmarks/results/.")
     i.add_argument("archives", nargs="+", type=Path, metavar="ARCHIVE")
 
+    u = sub.add_parser("publish", help="copy this store's current results at a profile into published/ (signed)",
+                       description="Publish every notebook whose result at PROFILE this store would grade (executed "
+                                   "notebook, results, run metrics; never weights) into published/PROFILE/, replacing "
+                                   "what it supersedes, with a signed index; prints what was added and removed and the "
+                                   "folder's size. Commit published/ (and published/publishers.json) afterwards.")
+    u.add_argument("--profile", choices=params.PROFILES, required=True)
+
     sub.add_parser("visit-key", help="make a key for a GPU visit and print it (CIRCUITBOOK_SEAL_KEY=...)",
                    description="Make a fresh key under RUNS/.keys/visits/ and print CIRCUITBOOK_SEAL_KEY=<hex> for the "
                                "command that starts a GPU visit: the visit seals its results with it, and "
@@ -160,8 +173,22 @@ def cmd_build(a) -> int:
             raise params.ParameterError("--plan trains nothing; it takes no --ray")
         plan.print_plan(profile, a.chapter)
         return 0
+    if a.profile is None and not (a.chapter or a.force or a.ray):
+        build_mod.build_published(keep_going=a.keep_going, execute_missing=not a.no_execute,
+                                  default_profile=profile)
+        return 0
     build_mod.build(profile, a.chapter, force=a.force, keep_going=a.keep_going, ray=a.ray,
                     execute_missing=not a.no_execute)
+    return 0
+
+
+def cmd_publish(a) -> int:
+    from . import publish
+
+    try:
+        publish.publish(a.profile)
+    except publish.PublishError as e:
+        raise params.ParameterError(str(e)) from None
     return 0
 
 
@@ -364,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         settings.check_environment()  # a bad CIRCUITBOOK_* variable is refused before anything runs
         commands = {"build": cmd_build, "run": cmd_run, "release": cmd_release, "params": cmd_params, "scorecard": cmd_scorecard,
                     "export-results": cmd_export_results, "import-results": cmd_import_results,
-                    "visit-key": cmd_visit_key}
+                    "visit-key": cmd_visit_key, "publish": cmd_publish}
         return commands[a.command](a)
     except (params.ParameterError, ValueError) as e:  # bad input: nothing was computed
         return _fail(a.command, str(e), 2)

@@ -170,3 +170,95 @@ def place_chapter_header(index_text: str, chapter: str, profile: str, seconds: d
         table += ("\n\n```{figure} " + figure + f"\n:name: summary-{chapter}\n:alt: paper against book, "
                   f"{chapter}\n:class: cb-summary-figure\n\n{presentation.SUMMARY_CAPTION}\n```\n")
     return text.replace(CLAIMS_MARKER, table)
+
+
+# ---------------------------------------------------------------- the published book (`build.build_published`)
+
+BESIDE = ("cpu", "full")  # the scorecard of the published book shows these side by side for every claim
+
+
+def provenance_banner(profile: str, results: dict) -> str:
+    """The note on top of a notebook page: the profile, machine, environment, commit and date its numbers
+    came from."""
+    prov = results.get("provenance") if isinstance(results.get("provenance"), dict) else {}
+    if not prov:
+        return (f"```{{note}}\nThe numbers on this page are of profile **{profile}**; the record says nothing of the "
+                "machine or commit that produced them.\n```")
+    secs = prov.get("seconds")
+    took = f", in {float(secs) / 60:.1f} min" if isinstance(secs, (int, float)) else ""
+    return ("```{note}\n"
+            f"The numbers on this page are of profile **{profile}**, executed on {_e(prov.get('machine', '?'))} "
+            f"on {_e(str(prov.get('date', '?'))[:10])}{took}, at commit `{_e(prov.get('commit', '?'))}`, in the "
+            f"environment {_e(prov.get('environment', '?'))}.\n```")
+
+
+def _profile_cell(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    cell, _ = _measured_cell(r) if r.get("measured") else ("", [])
+    origin = f'<div class="cb-origin">{_e(r["provenance"])}</div>' if r.get("provenance") else ""
+    return f"{badge(r['status'])}{cell}{origin}"
+
+
+def claims_table_beside(rows: dict[str, list[dict]]) -> str:
+    """One row per claim: the paper's value, then each profile's status and measured values side by side
+    (the details under the first profile's row)."""
+    first = rows[BESIDE[0]]
+    by_id = {p: {r["id"]: r for r in rs} for p, rs in rows.items()}
+    head = "".join(f"<th>{_e(p)}</th>" for p in rows)
+    out = ['<table class="cb-scorecard cb-beside">', f"<thead><tr><th>Claim</th><th>Paper</th>{head}</tr></thead>",
+           "<tbody>"]
+    for r in first:
+        cells = "".join(f'<td class="cb-measured">{_profile_cell(by_id[p].get(r["id"]))}</td>' for p in rows)
+        _, shown = _measured_cell(r)
+        out.append(f'<tr id="claim-{_e(r["id"])}"><td class="cb-id">{_e(r["id"])}{_detail(r, shown)}</td>'
+                   f"<td>{_e(r['paper'])}</td>{cells}</tr>")
+    out += ["</tbody>", "</table>"]
+    return "\n".join(out)
+
+
+def scorecard_beside(rows: dict[str, list[dict]]) -> str:
+    """The published book's scorecard: every claim graded at each profile of `rows`, side by side."""
+    lines = ["# Scorecard", "",
+             "Every claim of the four papers (and the book's own questions) with the paper's value and, side by side, "
+             f"what the {' and '.join(f'**{p}**' for p in rows)} profiles measured, each with its status and where "
+             "its numbers were produced (machine, environment, commit). A result published from another machine is "
+             "graded only while its inputs are this book's current sources; otherwise it says `stale`. Open "
+             "*details* under a claim for the rule and the deviations.", ""]
+    for p, rs in rows.items():
+        lines.append(f"**{p}**: " + summary_line(rs))
+    lines.append("")
+    for chapter in claims.claim_chapters():
+        data = claims.load_claims(chapter)
+        ch = {p: [r for r in rs if r["chapter"] == chapter] for p, rs in rows.items()}
+        lines += [f"## {data.get('title', chapter)}", "", claims_table_beside(ch), ""]
+    return "\n".join(lines)
+
+
+def place_published_header(index_text: str, chapter: str, shown: dict, seconds: dict, built: str,
+                           rows: dict[str, list[dict]], figure: str | None = None) -> str:
+    """A chapter's landing page in the published book: which profile and machine each notebook page shows,
+    the verdicts per profile, and the claims side by side where `<!-- claims-table -->` stands."""
+    lines = ["```{admonition} What these pages show", ":class: note",
+             f"Built {built} from the published results (`published/`) and this checkout; each notebook page shows the "
+             "largest profile whose result is current:", ""]
+    for nb in params.notebooks(chapter):
+        profile, results = shown.get(f"{chapter}/{nb}", (None, None))
+        if profile is None:
+            lines.append(f"- `{nb}`: not shown (no result)")
+            continue
+        prov = claims.provenance_text((results or {}).get("provenance")) if results else ""
+        devs = "; ".join(params.deviations(chapter, nb, profile)) or "the paper's settings"
+        lines.append(f"- `{nb}`: **{profile}**" + (f", {prov}" if prov else " (stale or not executed: not graded)")
+                     + f". Deviations: {devs}")
+    lines += ["```", ""] + [f"**{p}**: " + summary_line(rs) for p, rs in rows.items()]
+    header = "\n".join(lines)
+    text_lines = index_text.splitlines()
+    title = next((i for i, line in enumerate(text_lines) if line.startswith("# ")), -1)
+    text_lines.insert(title + 1, "\n" + header + "\n")
+    text = "\n".join(text_lines) + "\n"
+    table = claims_table_beside(rows)
+    if figure:
+        table += ("\n\n```{figure} " + figure + f"\n:name: summary-{chapter}\n:alt: paper against book, "
+                  f"{chapter}\n:class: cb-summary-figure\n\n{presentation.SUMMARY_CAPTION}\n```\n")
+    return text.replace(CLAIMS_MARKER, table)

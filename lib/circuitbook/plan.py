@@ -188,14 +188,15 @@ class NotebookPlan:
 
 
 def plan_book(profile: str, chapters: list[str] | None = None, out=print,
-              deadline: float | None = None) -> list[NotebookPlan]:
+              deadline: float | None = None, skip: set[str] | None = None) -> list[NotebookPlan]:
     """Plan every notebook of the book (of `chapters`) at `profile` on this device, printing as it goes.
 
     deadline: a unix time after which the remaining notebooks are not planned (their plan says so).
+    skip: notebooks left out (a visit's: current in what is published, or to run on a CPU machine).
     """
     params.check_profile(profile)
     device = default_device()
-    nbs = [nb for nb in book_notebooks() if not chapters or nb.chapter in chapters]
+    nbs = [nb for nb in book_notebooks() if (not chapters or nb.chapter in chapters) and nb.label not in (skip or ())]
     out(f"circuitbook plan: profile {profile} on {device_name(device)}, load {os.getloadavg()[0]:.1f}; "
         "nothing is trained (times: a calibration step, its batch and one evaluation measured now)")
     seen: dict[tuple[str, str], RunCost] = {}

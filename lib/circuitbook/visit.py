@@ -165,6 +165,8 @@ def visit(a) -> int:
                   "--summary", str(logs / "groups.json"), "--plan-json", str(bench / f"plan_{device_type}.json")]
     for ch in a.chapter or []:
         groups_cmd += ["--chapter", ch]
+    if a.redo_all:
+        groups_cmd += ["--redo-all"]
     phases["groups"] = run_phase("groups", groups_cmd, end - PACK_RESERVE_S - time.time(), logs / "groups.txt",
                                  env={CAPTURE_ENV: "1" if capture else "0"})
     (logs / "phases.json").write_text(json.dumps(phases, indent=1) + "\n")
@@ -213,14 +215,14 @@ def captured_step_verified(junit: Path) -> tuple[bool, str]:
 # ---------------------------------------------------------------- the groups
 
 def run_groups(profile: str, until: float, chapters: list[str] | None, summary_path: Path,
-               plan_json: Path | None = None) -> int:
+               plan_json: Path | None = None, redo_all: bool = False) -> int:
     """Plan, choose and execute groups of notebooks before `until`; the summary is rewritten after each notebook.
     The notebooks' `train()` starts no run after `until` ($CIRCUITBOOK_DEADLINE, set only while this runs)."""
     from .training.runner import DEADLINE_ENV
 
     before = os.environ.get(DEADLINE_ENV)
     try:
-        return _run_groups(profile, until, chapters, summary_path, plan_json)
+        return _run_groups(profile, until, chapters, summary_path, plan_json, redo_all)
     finally:
         if before is None:
             os.environ.pop(DEADLINE_ENV, None)
@@ -229,7 +231,7 @@ def run_groups(profile: str, until: float, chapters: list[str] | None, summary_p
 
 
 def _run_groups(profile: str, until: float, chapters: list[str] | None, summary_path: Path,
-                plan_json: Path | None = None) -> int:
+                plan_json: Path | None = None, redo_all: bool = False) -> int:
     """Plan, choose, then execute the chosen groups side by side: each group is one process (`group`
     below) executing its notebooks in book order; as many run at once as `plan.slots_for` allows (their
     GPU shares and CPUs), a group starts once the notebooks it reads values from are current, and only if
@@ -239,7 +241,8 @@ def _run_groups(profile: str, until: float, chapters: list[str] | None, summary_
     t0 = time.time()
     summary_path.write_text(json.dumps({"profile": profile, "status": "planning", "groups": [], "skipped": []}) + "\n")
     plan_until = t0 + PLAN_SHARE * (until - t0)
-    plans = plan.plan_book(profile, chapters, deadline=plan_until)
+    current = set() if redo_all else continue_published(profile)
+    plans = plan.plan_book(profile, chapters, deadline=plan_until, skip=current | cpu_only(profile))
     found = plan.groups(plans, profile)
     device_is_gpu = _device_type() == "cuda"
     slots = plan.slots_for([g for g in found if not g.problems]) if device_is_gpu else min(2, os.cpu_count() or 1)
@@ -257,6 +260,40 @@ def _run_groups(profile: str, until: float, chapters: list[str] | None, summary_
     for g, why in skipped:
         log(f"skipped {g.name} ({g.claims} claims): {why}")
     return execute_side_by_side(chosen, profile, until, slots, summary, summary_path)
+
+
+def continue_published(profile: str) -> set[str]:
+    """Place what is published at `profile` in this visit's store (`publish.load`) and return the notebooks
+    whose results are current there: a visit continues the last one instead of executing them again."""
+    from . import publish
+    from .book import book_notebooks
+    from .build import cached_execution, refresh_inputs
+
+    if profile not in publish.profiles():
+        log(f"nothing published at {profile} yet: every group is a candidate")
+        return set()
+    try:
+        loaded = publish.load(profile, log=log)
+    except publish.PublishError as e:
+        log(f"published/{profile} is not used ({e}): every group is a candidate")
+        return set()
+    current = set()
+    for nb in book_notebooks():  # in book order: a notebook's upstreams are decided before it
+        refresh_inputs(nb, profile)
+        if cached_execution(profile, nb) is not None:
+            current.add(nb.label)
+    log(f"published/{profile}: {len(current)} notebook(s) current, not executed again"
+        + (f" ({', '.join(sorted(current))})" if current else "")
+        + (f"; {len(loaded.stale)} stale, executed again" if loaded.stale else ""))
+    return current
+
+
+def cpu_only(profile: str) -> set[str]:
+    """Notebooks `runs_on: cpu` (profiles.yml): they need files that cannot travel, and run on a CPU machine."""
+    from . import params
+    from .book import book_notebooks
+
+    return {nb.label for nb in book_notebooks() if params.runs_on(nb.chapter, nb.name) == "cpu"}
 
 
 def _device_type() -> str:
@@ -429,11 +466,13 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--work", default=None, help="run store and scratch (default: a new temporary folder)")
     v.add_argument("--dry-run", action="store_true", help="the smoke profile, on any machine")
     v.add_argument("--chapter", action="append", default=None, help="only this chapter's groups (repeatable)")
+    v.add_argument("--redo-all", action="store_true", help="execute every group, also those current in published/")
     g = sub.add_parser("groups", help="plan, choose and execute groups of notebooks before a deadline")
     g.add_argument("--profile", required=True)
     g.add_argument("--until", type=float, required=True, help="unix time by which the last notebook must end")
     g.add_argument("--summary", type=Path, required=True)
     g.add_argument("--chapter", action="append", default=None)
+    g.add_argument("--redo-all", action="store_true")
     g.add_argument("--plan-json", type=Path, default=None, help="write the whole book's planned time here")
     one = sub.add_parser("group", help="execute one group's notebooks (started by `groups`, one process per group)")
     one.add_argument("--profile", required=True)
@@ -453,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.budget_s < 2 * PACK_RESERVE_S:
             ap.error(f"--budget-s {a.budget_s:g}: at least {2 * PACK_RESERVE_S:.0f} s")
         return visit(a)
-    return run_groups(a.profile, a.until, a.chapter, a.summary, a.plan_json)
+    return run_groups(a.profile, a.until, a.chapter, a.summary, a.plan_json, a.redo_all)
 
 
 if __name__ == "__main__":
