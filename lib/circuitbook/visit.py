@@ -35,7 +35,7 @@ from .runs import repo_root
 from .training.capture import CAPTURE_ENV
 
 MAX_ARCHIVES = 7  # $OUT returns 8 files: the visit's log and at most 7 archives
-TESTS_SHARE, BENCH_SHARE, PLAN_SHARE = 0.2, 0.15, 0.25  # of the budget; planning: of the groups' time
+TESTS_SHARE, BENCH_SHARE, PLAN_SHARE = 0.25, 0.1, 0.35  # of the budget; planning: of the groups' time (every notebook planned)
 PACK_RESERVE_S = 20.0  # left for packing at the end
 GRACE_S = 15.0  # a phase past its end gets SIGINT, then this long before SIGKILL; notebooks end this much earlier
 
