@@ -1,9 +1,11 @@
-# make book [PROFILE=smoke|cpu|full]   set up .venv and build the book (default: full with a GPU, else cpu)
+# make book                           set up .venv and render the book from published/ (_build/book/html)
+# make book PROFILE=smoke|cpu|full     execute the book at a profile instead (_build/PROFILE/html)
 # make test                            set up .venv and headless Chromium, run every test
 # make check-site PROFILE=cpu          check a built book in headless Chromium, screenshots to _build/screenshots
 # make lock                            pin .venv's packages into requirements.lock
 # make device-pack                     the wheels a GPU machine without network needs, into .whl/ (scripts/device-run.sh)
 # make book PROFILE=full NO_EXECUTE=1  render imported results (circuitbook import-results) without executing anything
+# make publish PROFILE=cpu             this store's current results at PROFILE into published/ (then commit it)
 PROFILE ?=
 PYTEST_ARGS ?=
 NO_EXECUTE ?=
@@ -11,7 +13,7 @@ NO_EXECUTE ?=
 CIRCUITBOOK_TINYSTORIES ?= $(wildcard $(abspath ../shared/data/tinystories/tinystories_lower_4MB.txt))
 export CIRCUITBOOK_TINYSTORIES
 
-.PHONY: setup book test check-site device-pack clean lock
+.PHONY: setup book test check-site device-pack clean lock publish
 setup:
 	@bash scripts/setup.sh
 
@@ -30,6 +32,9 @@ test: setup
 check-site:
 	@bash scripts/setup-browser.sh
 	.venv/bin/python scripts/check_site.py _build/$(or $(PROFILE),cpu)/html
+
+publish: setup
+	.venv/bin/circuitbook publish --profile $(or $(PROFILE),cpu)
 
 device-pack: setup
 	.venv/bin/python scripts/device_pack.py
