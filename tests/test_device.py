@@ -224,3 +224,24 @@ def test_groups_run_side_by_side_as_many_as_the_slots_and_wait_for_what_they_rea
     execute_side_by_side([group("demo/02_use", after=["demo/01_make"])], "smoke", time.time() + 60, 2, out,
                          summary, python=str(fake))
     assert out["groups"][0]["status"].startswith("not run: it reads values of notebooks with no current result")
+
+
+def test_a_visit_continues_from_what_is_published(mini_book, runs_dir, tmp_path, monkeypatch):
+    """Published results current for this checkout are placed in the visit's store and not planned again;
+    notebooks marked `runs_on: cpu` are left to a CPU machine."""
+    from circuitbook import build, publish
+    from circuitbook.visit import continue_published, cpu_only
+
+    assert continue_published("smoke") == set(), "nothing published: every group is a candidate"
+    build.build("smoke", log=lambda m: None)
+    publish.publish("smoke", log=lambda m: None)
+    monkeypatch.setenv("CIRCUITBOOK_RUNS", str(tmp_path / "visit-store"))
+    assert continue_published("smoke") == {"demo/01_make", "demo/02_use"}
+    prof = mini_book / "chapters" / "demo" / "profiles.yml"
+    prof.write_text(prof.read_text().replace("  02_use:\n", "  02_use:\n    runs_on: cpu\n"))
+    assert cpu_only("smoke") == {"demo/02_use"}
+    # a notebook edited since it was published is executed again (and what reads its values with it)
+    source = mini_book / "chapters" / "demo" / "01_make.ipynb"
+    source.write_text(source.read_text().replace('"# 01_make"', '"# 01_make, edited"'))
+    monkeypatch.setenv("CIRCUITBOOK_RUNS", str(tmp_path / "visit-store-2"))
+    assert continue_published("smoke") == set()
