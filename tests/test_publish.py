@@ -1,4 +1,4 @@
-"""Published results (circuitbook.publish) and the book built from them (build.build_published)."""
+"""Published results (circuitbook.publish) and the book built from them (publish.build_published)."""
 import json
 import shutil
 
@@ -23,7 +23,7 @@ def _fresh_store(tmp_path, monkeypatch, name="reader-runs"):
 def _no_execution(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("the published book executed a notebook")
-    monkeypatch.setattr(build, "execute", refuse)
+    monkeypatch.setattr(publish, "execute", refuse)
 
 
 def test_a_fresh_clone_renders_the_published_book_executing_nothing(mini_book, runs_dir, tmp_path, monkeypatch):
@@ -38,7 +38,7 @@ def test_a_fresh_clone_renders_the_published_book_executing_nothing(mini_book, r
     _fresh_store(tmp_path, monkeypatch)
     _no_execution(monkeypatch)
     lines = []
-    html = build.build_published(log=lines.append, execute_missing=False)
+    html = publish.build_published(log=lines.append, execute_missing=False)
     assert any("published/smoke: 2 current" in line for line in lines)
     page = (html / "chapters" / "demo" / "01_make.html").read_text()
     assert "The numbers on this page are of profile" in page and "smoke" in page
@@ -82,7 +82,7 @@ def test_a_hand_edited_published_result_is_never_graded(mini_book, runs_dir, tmp
     with pytest.raises(publish.PublishError, match="does not list"):
         publish.load("smoke", log=lambda m: None)
     lines = []
-    build.build_published(log=lines.append, execute_missing=False)
+    publish.build_published(log=lines.append, execute_missing=False)
     assert any("published/smoke is not used" in line for line in lines)
     assert claims.scorecard("smoke")[0]["status"].startswith("not run"), "never graded"
 
@@ -98,7 +98,7 @@ def test_a_published_result_whose_sources_changed_renders_stale_and_is_not_grade
     _no_execution(monkeypatch)
     loaded = publish.load("smoke", log=lambda m: None)
     assert "demo/01_make" in loaded.stale
-    html = build.build_published(log=lambda m: None, execute_missing=False)
+    html = publish.build_published(log=lambda m: None, execute_missing=False)
     assert "stale" in (html / "chapters" / "demo" / "01_make.html").read_text()
     assert claims.scorecard("smoke")[0]["status"].startswith("stale")
 

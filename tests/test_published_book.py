@@ -18,9 +18,9 @@ def test_a_fresh_clone_renders_the_whole_book_from_published_results(tmp_path, m
 
     def refuse(*a, **k):
         raise AssertionError("the published book executed a notebook")
-    monkeypatch.setattr(build, "execute", refuse)
+    monkeypatch.setattr(publish, "execute", refuse)
     lines = []
-    html = build.build_published(log=lines.append, execute_missing=False)
+    html = publish.build_published(log=lines.append, execute_missing=False)
     stale = [line for line in lines if "stale" in line and "(at " in line]
     assert not stale, "every published cpu result is current for this checkout:\n" + "\n".join(stale)
     for nb in build.book_notebooks(ROOT):

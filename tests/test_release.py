@@ -43,7 +43,8 @@ def test_release_judges_a_synthetic_release_under_one_label(tmp_path, runs_dir, 
         # the book's training knobs and its deviation texts do not describe a release; the evaluation's do
         assert not any(d.startswith(("steps", "batch_size", "lr ", "seeds", "cooldown", "d_model", "sweep"))
                        or "a few dozen steps" in d for d in row["deviations"]), (claim, row["deviations"])
-    assert rows["AA-1"]["deviations"] == ["pool_size = 40 (paper: 2000)"]
+    assert rows["AA-1"]["deviations"] == ["pool_size = 40 (paper: 2000)", "probe_size = 32 (paper: 512)"], \
+        "the evaluation's sizes are stated quantities (issue 37)"
     for claim in ("AA-6", "AA-7"):  # the book's sweeps are not trained for a release
         assert rows[claim]["status"].startswith("not measured: a released run has no f or r sweep"), rows[claim]
     assert "every checkpoint evaluated" in rows["AA-2"]["release"]

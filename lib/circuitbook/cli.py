@@ -174,7 +174,9 @@ def cmd_build(a) -> int:
         plan.print_plan(profile, a.chapter)
         return 0
     if a.profile is None and not (a.chapter or a.force or a.ray):
-        build_mod.build_published(keep_going=a.keep_going, execute_missing=not a.no_execute,
+        from . import publish as publish_mod
+
+        publish_mod.build_published(keep_going=a.keep_going, execute_missing=not a.no_execute,
                                   default_profile=profile)
         return 0
     build_mod.build(profile, a.chapter, force=a.force, keep_going=a.keep_going, ray=a.ray,

@@ -172,7 +172,7 @@ def place_chapter_header(index_text: str, chapter: str, profile: str, seconds: d
     return text.replace(CLAIMS_MARKER, table)
 
 
-# ---------------------------------------------------------------- the published book (`build.build_published`)
+# ---------------------------------------------------------------- the published book (`publish.build_published`)
 
 BESIDE = ("cpu", "full")  # the scorecard of the published book shows these side by side for every claim
 

@@ -2,7 +2,7 @@
 
     circuitbook publish --profile P      this store's current results at P -> published/P/ (signed)
     circuitbook build                     the book from published/ (full over cpu over smoke), executing only
-                                          what no published result covers (`build.build_published`)
+                                          what no published result covers (`publish.build_published`)
 
 `published/<profile>/` holds, for each notebook whose result this store would grade (an `ok` record sealed
 here, its inputs the current ones), the form `export-results` makes: `results/<chapter>/<notebook>.json`, the
@@ -29,9 +29,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import book, context, params, seal, signing, transfer
-from .book import book_notebooks
-from .runs import atomic_write_bytes, atomic_write_json, read_json, repo_root, runs_root
+from . import book, claims, context, pages, params, presentation, seal, signing, transfer
+from .book import book_notebooks, compute_hashes
+from .build import (SCORECARD_MARKER, BuildError, _add_rerun_box, _check_claims, _stage_stored, _stage_unexecuted,
+                    _store_execution, build_lock, cached_execution, check_store, executed_path, refresh_inputs,
+                    render, stage)
+from .execute import execute
+from .runs import atomic_write_bytes, atomic_write_json, repo_root, runs_root
 
 FORMAT = 1
 FOLDER = "published"
@@ -301,3 +305,117 @@ def current_published(profile: str) -> set[str]:
     nbs = [nb for nb in book_notebooks() if nb.label in entries]
     book.compute_hashes(nbs, profile)
     return {nb.label for nb in nbs if entries[nb.label].get("input_hash") == nb.input_hash}
+
+
+# ---------------------------------------------------------------- the book from published results
+
+PUBLISHED_BOOK = "book"  # _build/book: the book from published results (`build_published`)
+
+
+def build_published(keep_going: bool = False, log=print, execute_missing: bool = True,
+                    default_profile: str = "cpu") -> Path:
+    """The book as a reader gets it (`make book`): every notebook page from the largest profile whose result is
+    current (full over cpu over smoke) after what `published/` holds is placed in the store (`publish.load`);
+    the rest executed at `default_profile` as a build at that profile would (or, with execute_missing=False,
+    shown stale or as code). Each page says which profile, machine and commit its numbers came from; the
+    scorecard shows full beside cpu for every claim. HTML in _build/book/html."""
+    nbs = book_notebooks()
+    book.check_notebooks(nbs)
+    _check_claims()
+    check_store()
+    params.check_profile(default_profile)
+    for profile in profiles():
+        try:
+            got = load(profile, log=log)
+        except PublishError as e:
+            log(f"published/{profile} is not used: {e}")
+            continue
+        log(f"published/{profile}: {len(got.current)} current, {len(got.stale)} stale (not graded), "
+            f"{len(got.kept_local)} kept from this store, {len(got.refused)} refused")
+    by_profile = {p: {nb.label: nb for nb in book_notebooks()} for p in ORDER}
+    for p, table in by_profile.items():
+        compute_hashes(list(table.values()), p)  # validates every notebook's parameters at every profile
+    shown, failures, timing = {}, [], {}
+    with build_lock(PUBLISHED_BOOK, log):
+        src = stage(PUBLISHED_BOOK)
+        for i, nb0 in enumerate(nbs, 1):
+            dest = src / nb0.path
+            choice = _current_profile(nb0.label, by_profile)
+            if choice is None and execute_missing:
+                nb = by_profile[default_profile][nb0.label]
+                log(f"[{i}/{len(nbs)}] {nb.path}: no current result published or stored; executing at "
+                    f"{default_profile} ...")
+                executed_path(default_profile, nb).with_suffix(".json").unlink(missing_ok=True)
+                try:
+                    secs = execute(nb, default_profile, dest, log=log, label=default_profile)
+                    _store_execution(default_profile, nb, dest, secs)
+                    choice, timing[nb.label] = default_profile, secs
+                except BuildError as e:
+                    failures.append(str(e))
+                    log(f"FAILED: {e}")
+                    if not keep_going:
+                        raise
+            if choice is None:
+                profile = next((p for p in ORDER if executed_path(p, nb0).exists()), default_profile)
+                nb = by_profile[profile][nb0.label]
+                log(f"[{i}/{len(nbs)}] {nb.path}: {_stage_unexecuted(nb, profile, dest)} (at {profile})")
+                shown[nb0.label] = (profile, None)
+                continue
+            nb = by_profile[choice][nb0.label]
+            results = context.read_results(nb.chapter, nb.name, choice) or {}
+            _stage_stored(choice, nb, dest, banner=pages.provenance_banner(choice, results))
+            shown[nb0.label] = (choice, results)
+            timing.setdefault(nb.label, (results.get("provenance") or {}).get("seconds"))
+            log(f"[{i}/{len(nbs)}] {nb.path}: {choice} ({claims_provenance(results)})")
+        write_published_pages(src, shown, timing)
+        html = render(src, PUBLISHED_BOOK, log)
+    log(f"HTML: {html / 'index.html'}")
+    if failures:
+        raise BuildError(f"{len(failures)} notebook(s) failed (the book was rendered with --keep-going):\n"
+                         + "\n".join(failures))
+    return html
+
+
+def claims_provenance(results: dict) -> str:
+    from .claims import provenance_text
+
+    return provenance_text(results.get("provenance")) or "no provenance recorded"
+
+
+def _current_profile(label: str, by_profile: dict) -> str | None:
+    """The largest profile at which the store holds a current, verified execution of `label`."""
+    for profile in ORDER:
+        nb = by_profile[profile][label]
+        refresh_inputs(nb, profile)  # the identity of the results it needs, as placed above
+        if cached_execution(profile, nb) is not None:
+            return profile
+    return None
+
+
+def write_published_pages(src: Path, shown: dict, seconds: dict) -> None:
+    """The published book's generated pages: the scorecard with full beside cpu for every claim, each chapter's
+    header (which profile, machine and commit each page shows) and claims, each page's re-run box."""
+    page = src / "book" / "scorecard.md"
+    text = page.read_text() if page.exists() else SCORECARD_MARKER
+    rows = {p: claims.scorecard(p) for p in pages.BESIDE}
+    page.write_text(text.replace(SCORECARD_MARKER, pages.scorecard_beside(rows)))
+    built = time.strftime("%Y-%m-%d %H:%M")
+    for chapter in claims.claim_chapters():
+        if chapter == params.BOOK_PSEUDO_CHAPTER:
+            continue
+        index = src / "chapters" / chapter / "index.md"
+        if not index.exists():
+            continue
+        ch_rows = {p: [r for r in rs if r["chapter"] == chapter] for p, rs in rows.items()}
+
+        def page_row(r0):  # the row of the profile its notebook's page shows (cpu's for a smoke page)
+            profile = shown.get(f"{chapter}/{r0['notebook']}", ("cpu", None))[0]
+            return next((r for r in ch_rows.get(profile, []) if r["id"] == r0["id"]), r0)
+        page_rows = [page_row(r0) for r0 in ch_rows["cpu"]]
+        presentation.summary_figure(chapter, page_rows, index.parent / "_generated" / "summary.png")
+        index.write_text(pages.place_published_header(index.read_text(), chapter, shown, seconds, built, ch_rows,
+                                                      figure="_generated/summary.png"))
+    for nb in book_notebooks(repo_root()):
+        staged = src / nb.path
+        if staged.exists():
+            _add_rerun_box(staged, nb, shown.get(nb.label, ("cpu",))[0])
