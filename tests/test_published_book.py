@@ -3,10 +3,15 @@
 Skipped until published/ holds the cpu profile (`circuitbook publish --profile cpu`); then every notebook
 page must come from a published result that is current for this checkout, in a private run store (nothing of
 this machine's), and the scorecard must grade the cpu rows it shows (CI checks the committed state)."""
+import os
+
 import pytest
 
 from circuitbook import build, claims, publish
 from conftest import ROOT
+
+# the book's TinyStories sample beside the checkout, which `make book` names when the variable is unset
+SHARED_SAMPLE = ROOT.parent / "shared" / "data" / "tinystories" / "tinystories_lower_4MB.txt"
 
 pytestmark = [pytest.mark.book, pytest.mark.skipif(not (ROOT / "published" / "cpu" / "index.json").exists(),
                                                    reason="nothing published at cpu yet")]
@@ -15,6 +20,8 @@ pytestmark = [pytest.mark.book, pytest.mark.skipif(not (ROOT / "published" / "cp
 def test_a_fresh_clone_renders_the_whole_book_from_published_results(tmp_path, monkeypatch):
     monkeypatch.setenv("CIRCUITBOOK_RUNS", str(tmp_path / "runs"))
     monkeypatch.setenv("CIRCUITBOOK_PROGRESS", "0")
+    if not os.environ.get("CIRCUITBOOK_TINYSTORIES") and SHARED_SAMPLE.exists():
+        monkeypatch.setenv("CIRCUITBOOK_TINYSTORIES", str(SHARED_SAMPLE))  # as the Makefile does
 
     def refuse(*a, **k):
         raise AssertionError("the published book executed a notebook")
