@@ -4,6 +4,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# the book's TinyStories sample in ../shared beside the checkout (the Makefile and .ci/run name it)
+SHARED_TINYSTORIES = ROOT.parent / "shared" / "data" / "tinystories" / "tinystories_lower_4MB.txt"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,10 +8,7 @@ import os
 import pytest
 
 from circuitbook import build, claims, publish
-from conftest import ROOT
-
-# the book's TinyStories sample beside the checkout, which `make book` names when the variable is unset
-SHARED_SAMPLE = ROOT.parent / "shared" / "data" / "tinystories" / "tinystories_lower_4MB.txt"
+from conftest import ROOT, SHARED_TINYSTORIES
 
 pytestmark = [pytest.mark.book, pytest.mark.skipif(not (ROOT / "published" / "cpu" / "index.json").exists(),
                                                    reason="nothing published at cpu yet")]
@@ -20,8 +17,8 @@ pytestmark = [pytest.mark.book, pytest.mark.skipif(not (ROOT / "published" / "cp
 def test_a_fresh_clone_renders_the_whole_book_from_published_results(tmp_path, monkeypatch):
     monkeypatch.setenv("CIRCUITBOOK_RUNS", str(tmp_path / "runs"))
     monkeypatch.setenv("CIRCUITBOOK_PROGRESS", "0")
-    if not os.environ.get("CIRCUITBOOK_TINYSTORIES") and SHARED_SAMPLE.exists():
-        monkeypatch.setenv("CIRCUITBOOK_TINYSTORIES", str(SHARED_SAMPLE))  # as the Makefile does
+    if not os.environ.get("CIRCUITBOOK_TINYSTORIES") and SHARED_TINYSTORIES.exists():
+        monkeypatch.setenv("CIRCUITBOOK_TINYSTORIES", str(SHARED_TINYSTORIES))  # as the Makefile does
 
     def refuse(*a, **k):
         raise AssertionError("the published book executed a notebook")

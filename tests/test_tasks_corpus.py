@@ -1,13 +1,11 @@
 """The TinyStories corpus of the leading_terms chapter: sources, tokenizer, vocabulary, samples, BPE."""
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from circuitbook.tasks import corpus as C
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinystories" / "tinystories_lower_4MB.txt"
+from conftest import SHARED_TINYSTORIES as SHARED
 
 SAMPLE = ("once upon a time, there was a cat.\n\nthe cat was happy. the end.\n"
           "one day, a dog saw a cat.\n\nthe dog was happy.\n"
