@@ -52,3 +52,18 @@ def test_data_benchmark_times_old_and_new_batches_and_the_step(tmp_path):
     for key in ("data_ms_per_member_step", "old_data_ms_per_member_step", "step_ms", "data_share_of_step"):
         assert row[key] > 0, key
     assert row["members"] >= 1 and row["batch_size"] >= 1
+
+
+def test_data_vs_times_this_tree_beside_another_checkout_and_compares_the_batches(tmp_path):
+    """The checkout as its own baseline: every batch the same. A folder that is not a checkout is refused
+    before any worker starts, and nothing is written."""
+    report = run_script("data_vs.py", str(ROOT), "--profile", "smoke", "--chapter", "book", "--repeats", "1",
+                        "--rounds", "2", out=tmp_path / "vs.json")
+    (row,) = report["results"]
+    assert row["run"] == "tour/modular_addition" and row["same_batches"] is True
+    assert row["data_ms_per_member_step"] > 0 and row["baseline_data_ms_per_member_step"] > 0 and row["ratio"] > 0
+    assert report["machine"]["baseline"] == str(ROOT)
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "data_vs.py"), str(tmp_path), "--out",
+                          str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "not a circuitbook checkout" in bad.stderr
+    assert not (tmp_path / "bad.json").exists()
