@@ -52,13 +52,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import draws
+from . import draws, row_chunks
 from .base import Batch, check_batch_size, one_member_batch, step_generator
 
 KINDS = ("recall", "khop", "ngram", "ioi", "conditional")
 OFFSETS = ("cyclic", "fixed")
 INPUT_IDS = ("composite", "tokens")
 COMMON, RARE, FILL, BOS = 0, 1, 2, 3
+RUN_KEY_SOURCES = ("tasks/row_chunks.py",)  # how the sampler's calls are made (a run's key covers its batches)
 
 
 @dataclass
@@ -267,7 +268,7 @@ class BlockListTask:
         queried chain uses rare tokens, rare [B, chain_len] (distinct rare tokens, None when f_r = 0);
         canon [B, 1 + n_distractors]: whether the queried link, then each distractor's last link, is
         canonical; order [B, n_blocks]: the blocks' permutation; gaps, fills [B, n_fill]: each filler's gap
-        and token; offset [B]: the position-label shift.
+        and token; offset [B]: the position-label shift, in [0, seq_len).
 
         Fresh tokens are used in order: the queried chain takes chain_len - 1 (and one more when its link is
         not canonical; a rare chain takes none), then each distractor block takes its tokens before the last
@@ -303,7 +304,8 @@ class BlockListTask:
         else:  # recall, khop: [z0] -> z_last; ngram, conditional: all but the last -> the last
             query, target = rel[:, :self.query_len], rel[:, -1]
         tokens = self._lay_out(blocks, query, gaps, fills)
-        positions = (torch.arange(self.seq_len, device=device)[None, :] + offset[:, None]) % self.seq_len
+        positions = torch.arange(self.seq_len, device=device)[None, :] + offset[:, None]
+        positions = torch.where(positions >= self.seq_len, positions - self.seq_len, positions)  # offset < seq_len
         return BlockListSample(tokens, positions, target, is_rare, canon[:, 0] & ~is_rare)
 
     def _lay_out(self, blocks: torch.Tensor, query: torch.Tensor, gaps: torch.Tensor, fills: torch.Tensor
@@ -447,13 +449,24 @@ def _decode_lehmer(codes: list[torch.Tensor], n: int) -> torch.Tensor:
 
     Element j is the u_j-th smallest of those not taken before it. From the last code to the first, every
     later element at or above an earlier one moves up by one: len(codes) vectorised steps, no sorting.
+    The steps run on a [len, B] copy in the smallest integer type that holds n (every step then reads and
+    writes contiguous rows, a few bytes per element, and no int64 is made from the bool comparison).
     """
     if not codes:
         return torch.zeros(0, 0, dtype=torch.long)
-    x = torch.stack(codes, 1)
+    dtype = _small_int_dtype(n)
+    x = torch.stack(codes, 0).to(dtype)  # [len, B]
     for j in range(len(codes) - 2, -1, -1):
-        x[:, j + 1:] += x[:, j + 1:] >= x[:, j:j + 1]
-    return x
+        x[j + 1:] += x[j + 1:] >= x[j]
+    return x.T.to(torch.long, memory_format=torch.contiguous_format)
+
+
+def _small_int_dtype(n: int) -> torch.dtype:
+    """The smallest signed integer type that holds every value in [0, n]."""
+    for dtype in (torch.int8, torch.int16, torch.int32):
+        if n <= torch.iinfo(dtype).max:
+            return dtype
+    return torch.long
 
 
 # ---------------------------------------------------------------- the batched training stream
@@ -510,6 +523,7 @@ class _Group:
     def __init__(self, tasks, keys, device):
         self.task = tasks[0]
         self.stream = draws.Stream(keys, device)
+        self._streams: dict[tuple[int, int], draws.Stream] = {(0, len(keys)): self.stream}  # by member range
         laws = [[p.tolist() for _, p in t.choices()] for t in tasks]  # [member][choice] probabilities
         self.names = [name for name, _ in self.task.choices()]
         # every choice as if uniform over its outcomes; then the others, runs of neighbouring choices with one
@@ -527,15 +541,23 @@ class _Group:
                 self.laws.append((slice(j, j + 1), thresholds[:, None, None, :], law))
 
     def __call__(self, step, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+        make = lambda lo, hi, steps: self._make(lo, hi, steps, B)  # noqa: E731
+        return row_chunks.made_in_chunks(make, self.stream.n_members, step, B, self.stream.device,
+                                         row_bytes=8 * len(self.names))  # int64 words, one per choice
+
+    def _make(self, lo: int, hi: int, step, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Members lo..hi-1 of the group: (tokens [hi - lo, rows, T], labels [hi - lo, rows])."""
         t = self.task
-        w = self.stream.words(step, SITE_ROWS, B, len(self.names))  # [Kg, rows, choices]
-        K, B = w.shape[:2]
+        if (lo, hi) not in self._streams:
+            self._streams[(lo, hi)] = row_chunks.member_stream(self.stream, lo, hi)
+        w = self._streams[(lo, hi)].words(step, SITE_ROWS, B, len(self.names))  # [k, rows, choices]
+        K, rows = w.shape[:2]
         values = draws.below(w, self.sizes)
         for cols, thresholds, _ in self.laws:
-            values[..., cols] = draws.categorical(w[..., cols], thresholds)
-        values = values.view(K * B, -1)
-        s = t.assemble({name: values[:, j] for j, name in enumerate(self.names)})
-        return t.model_inputs(s).view(K, B, t.seq_len), s.targets.view(K, B)
+            values[..., cols] = draws.categorical(w[..., cols], thresholds[lo:hi])
+        values = values.view(K * rows, -1).T.contiguous()  # [choices, rows]: each choice's values contiguous
+        s = t.assemble({name: values[j] for j, name in enumerate(self.names)})
+        return t.model_inputs(s).view(K, rows, t.seq_len), s.targets.view(K, rows)
 
 
 # ---------------------------------------------------------------- the two-sample test
