@@ -141,3 +141,34 @@ def test_publish_with_nothing_current_says_so_and_writes_nothing(mini_book, runs
     assert "nothing to publish at cpu" in capsys.readouterr().err
     assert not (mini_book / "published").exists()
     shutil.rmtree(mini_book / "published", ignore_errors=True)
+
+
+RUN_BODY = '''from circuitbook import context, runs
+run_dir = runs.runs_root() / "demo" / "made" / "k1"
+run_dir.mkdir(parents=True, exist_ok=True)
+for name in ("config.json", "metrics.jsonl", "manifest.json"):
+    (run_dir / name).write_text('{"file": "%s"}\\n' % name)
+class Made:
+    key, path, dir = "k1", str(run_dir), type("D", (), {"name": "demo/made"})()
+context.note_run(Made())
+cb.record("demo_value", cfg.value)
+'''
+
+
+def test_publishing_from_a_store_that_loaded_the_published_results_keeps_their_run_metrics(
+        mini_book, runs_dir, tmp_path, monkeypatch):
+    import nbformat as nbf
+    from minibook import notebook
+    nbf.write(notebook("demo", "01_make", RUN_BODY), mini_book / "chapters" / "demo" / "01_make.ipynb")
+    _build_and_publish(mini_book)
+    base = mini_book / "published" / "smoke"
+    metrics = {p.relative_to(base).as_posix() for p in (base / "metrics").rglob("*") if p.is_file()}
+    assert metrics == {f"metrics/demo/made/k1/{n}" for n in ("config.json", "metrics.jsonl", "manifest.json")}
+    _fresh_store(tmp_path, monkeypatch)  # another machine: it loads what was published, reruns nothing, publishes
+    loaded = publish.load("smoke", log=lambda m: None)
+    assert sorted(loaded.current) == ["demo/01_make", "demo/02_use"]
+    publish.publish("smoke", log=lambda m: None)
+    for rel in metrics:
+        assert (base / rel).is_file(), f"{rel} was dropped by a publish from a store that only loaded it"
+    entry = json.loads((base / "index.json").read_text())["notebooks"]["demo/01_make"]
+    assert metrics <= set(entry["files"])

@@ -81,6 +81,20 @@ class Published:
     new_publisher: str | None = None
 
 
+RUN_FILES = ("config.json", "metrics.jsonl", "manifest.json")
+
+
+def _run_files_dir(name: str, key: str, label: str) -> Path | None:
+    """Where this store keeps a run's metrics: the run itself if it trained here, else where `load` (published
+    results) or a visit's import placed them. Without the fallback, publishing again from a store that only
+    loaded a notebook's result would drop that notebook's metrics from published/."""
+    for d in (runs_root() / name / key, runs_root() / "imported" / "metrics" / label / name / key,
+              runs_root() / "imported" / "metrics" / name / key):
+        if any((d / f).is_file() for f in RUN_FILES):
+            return d
+    return None
+
+
 def _current_files(nb, label: str) -> tuple[dict[str, bytes], dict] | str:
     """(relative path -> bytes, entry) of a notebook's result this store would grade now, or why not."""
     try:
@@ -103,9 +117,9 @@ def _current_files(nb, label: str) -> tuple[dict[str, bytes], dict] | str:
              f"executed/{Path(nb.path).with_suffix('.json').as_posix()}": executed.with_suffix(".json").read_bytes()}
     runs = []
     for ref in results.get("runs") or []:
-        run_dir = runs_root() / ref["name"] / ref["key"]
-        for name in ("config.json", "metrics.jsonl", "manifest.json"):
-            if (run_dir / name).is_file():
+        run_dir = _run_files_dir(ref["name"], ref["key"], label)
+        for name in RUN_FILES:
+            if run_dir is not None and (run_dir / name).is_file():
                 files[f"metrics/{ref['name']}/{ref['key']}/{name}"] = (run_dir / name).read_bytes()
         runs.append(f"{ref['name']}/{ref['key']}")
     provenance = results.get("provenance") if isinstance(results.get("provenance"), dict) else {}
