@@ -108,6 +108,25 @@ def runs_of(chapter: str, notebook: str, profile: str, fallback: str | None) -> 
         return plan.planned_runs(chapter, notebook, fallback), fallback, why
 
 
+def book_runs(chapters: list[str] | None, profile: str, fallback: str | None):
+    """(notebook, run, profile planned at, why not at `profile` or '') for every planned run of the book's
+    notebooks (of `chapters`, or all), each run once; a notebook that cannot be planned: (notebook, None,
+    profile, the error)."""
+    seen = set()
+    for nb in book_notebooks():
+        if chapters and nb.chapter not in chapters:
+            continue
+        try:
+            planned, planned_at, why = runs_of(nb.chapter, nb.name, profile, fallback)
+        except Exception as e:  # noqa: BLE001 - the caller reports it and goes on
+            yield nb, None, profile, f"{type(e).__name__}: {e}"[:200]
+            continue
+        for run in planned:
+            if (run.dir.name, run.key) not in seen:
+                seen.add((run.dir.name, run.key))
+                yield nb, run, planned_at, why
+
+
 def table(rows: list[dict], device: torch.device) -> str:
     lines = [f"{'chapter':<18} {'run':<44} {'prof':<5} {'K':>3} {'batch':>5}  {'old ms':>8} {'new ms':>7} "
              f"{'step ms':>8} {'new/step':>8}  {'ms/member-step old | new':>25} {'x':>6}"]
@@ -155,24 +174,16 @@ def main() -> None:
               "(mean over whole prefetch blocks and epochs, at least --repeats steps); "
               f"step = train_step on that batch (fastest of {args.step_repeats}); "
               "x = old / new")
-    rows, seen = [], set()
-    for nb in book_notebooks():
-        if args.chapter and nb.chapter not in args.chapter:
+    rows = []
+    for nb, run, profile, why in book_runs(args.chapter, args.profile, args.fallback_profile):
+        if run is None:  # say so for this notebook, measure the rest
+            rows.append({"chapter": nb.chapter, "notebook": nb.name, "error": why})
             continue
-        try:
-            planned, profile, why = runs_of(nb.chapter, nb.name, args.profile, args.fallback_profile)
-        except Exception as e:  # noqa: BLE001 - say so for this notebook, measure the rest
-            rows.append({"chapter": nb.chapter, "notebook": nb.name, "error": f"{type(e).__name__}: {e}"[:200]})
-            continue
-        for run in planned:
-            if (run.dir.name, run.key) in seen:
-                continue
-            seen.add((run.dir.name, run.key))
-            row = {"chapter": nb.chapter, "notebook": nb.name, "profile": profile, "note": why,
-                   **bench_run(run, device, args.repeats, args.step_repeats)}
-            rows.append(row)
-            print("\n".join(table([row], device).splitlines()[1:2]), flush=True)
-            common.write("data", out, args, info, rows, legend, table(rows, device))  # so far: a stopped run keeps it
+        row = {"chapter": nb.chapter, "notebook": nb.name, "profile": profile, "note": why,
+               **bench_run(run, device, args.repeats, args.step_repeats)}
+        rows.append(row)
+        print("\n".join(table([row], device).splitlines()[1:2]), flush=True)
+        common.write("data", out, args, info, rows, legend, table(rows, device))  # so far: a stopped run keeps it
     print(table(rows, device))
 
 

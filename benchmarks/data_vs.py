@@ -160,7 +160,6 @@ def main() -> None:
 
     import common
     import data
-    from circuitbook.book import book_notebooks
 
     info = common.start(args.threads)
     this, base = Worker(HERE.parent / "lib", args.threads), Worker(base_lib, args.threads)
@@ -169,26 +168,18 @@ def main() -> None:
     legend = (f"profile {args.profile} on {this.device}: each run's sampler from this tree and from {base_lib.parent}, "
               f"{args.rounds} alternating windows of {args.repeats} prefetch blocks each (mean ms of data per "
               "member-step); x = baseline / this; batches: whether every batch was the same in both")
-    rows, seen = [], set()
+    rows = []
     try:
-        for nb in book_notebooks():
-            if args.chapter and nb.chapter not in args.chapter:
+        for nb, run, profile, why in data.book_runs(args.chapter, args.profile, None):
+            if run is None:  # say so for this notebook, measure the rest
+                rows.append({"chapter": nb.chapter, "run": nb.name, "error": why})
                 continue
-            try:
-                planned, profile, why = data.runs_of(nb.chapter, nb.name, args.profile, None)
-            except Exception as e:  # noqa: BLE001 - say so for this notebook, measure the rest
-                rows.append({"chapter": nb.chapter, "run": nb.name, "error": f"{type(e).__name__}: {e}"[:200]})
-                continue
-            for run in planned:
-                if run.dir.name in seen:
-                    continue
-                seen.add(run.dir.name)
-                req = {"chapter": nb.chapter, "notebook": nb.name, "profile": profile, "run": run.dir.name,
-                       "repeats": args.repeats}
-                rows.append({"chapter": nb.chapter, "notebook": nb.name, "run": run.dir.name, "profile": profile,
-                             **compare(this, base, req, args.rounds)})
-                print(table(rows[-1:]).splitlines()[1], flush=True)
-                common.write("data_vs", out, args, info, rows, legend, table(rows))
+            req = {"chapter": nb.chapter, "notebook": nb.name, "profile": profile, "run": run.dir.name,
+                   "repeats": args.repeats}
+            rows.append({"chapter": nb.chapter, "notebook": nb.name, "run": run.dir.name, "profile": profile,
+                         **compare(this, base, req, args.rounds)})
+            print(table(rows[-1:]).splitlines()[1], flush=True)
+            common.write("data_vs", out, args, info, rows, legend, table(rows))
     finally:
         this.close()
         base.close()
