@@ -15,6 +15,11 @@ import time
 from pathlib import Path
 
 RAY = str(Path(sys.executable).parent / "ray")
+# Said explicitly for every process of the cluster and its drivers. Left unset, Ray decides per process: a head
+# started by `ray start --head` turns token authentication on when ~/.ray/auth_token exists (any local `ray.init()`
+# writes one), a node joining by `ray start --address` does not, and the GCS refuses it ("InvalidAuthToken",
+# CI 2026-12-05: the cluster did not start in 3 attempts).
+AUTH = {"RAY_AUTH_MODE": "disabled"}
 NODE = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--object-store-memory=80000000", "--disable-usage-stats"]
 
 
@@ -51,7 +56,7 @@ def _with_descendants(roots: set[int], procs: dict) -> set[int]:
 class LocalCluster:
     def __init__(self):
         self._new_session()
-        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_health_check_period_ms": "1000",
+        self.env = {**os.environ, **AUTH, "RAY_USAGE_STATS_ENABLED": "0", "RAY_health_check_period_ms": "1000",
                     "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "1000"}
 
     def start(self, attempts: int = 3) -> "LocalCluster":

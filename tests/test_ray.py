@@ -23,7 +23,7 @@ from circuitbook.training import events
 
 ray = pytest.importorskip("ray")
 from minibook import notebook, write  # noqa: E402
-from raycluster import LocalCluster  # noqa: E402
+from raycluster import AUTH, LocalCluster  # noqa: E402
 
 SWEEP = '''from circuitbook.training import Evaluator
 from circuitbook.tasks.modular import ModularAddition
@@ -54,7 +54,7 @@ def ray_book(root: Path, steps: int) -> Path:
 
 
 def build(root: Path, store: Path, *extra, chunk="2", background=False):
-    env = {**os.environ, "CIRCUITBOOK_ROOT": str(root), "CIRCUITBOOK_RUNS": str(store), "CIRCUITBOOK_CHUNK": chunk,
+    env = {**os.environ, **AUTH, "CIRCUITBOOK_ROOT": str(root), "CIRCUITBOOK_RUNS": str(store), "CIRCUITBOOK_CHUNK": chunk,
            "CIRCUITBOOK_PROGRESS": "0", "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [sys.executable, "-m", "circuitbook.cli", "build", "--profile", "smoke", *extra]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -229,7 +229,7 @@ def test_without_ray_nothing_imports_it(mini_book, runs_dir):
 @pytest.mark.slow
 def test_run_one_notebook_with_its_sweep_on_the_cluster(cluster, reference, tmp_path):
     root, local = reference
-    env = {**os.environ, "CIRCUITBOOK_ROOT": str(root), "CIRCUITBOOK_RUNS": str(tmp_path / "run"),
+    env = {**os.environ, **AUTH, "CIRCUITBOOK_ROOT": str(root), "CIRCUITBOOK_RUNS": str(tmp_path / "run"),
            "CIRCUITBOOK_CHUNK": "2", "CIRCUITBOOK_PROGRESS": "0", "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.run([sys.executable, "-m", "circuitbook.cli", "run", "demo/03_sweep", "--profile", "smoke",
                            "--ray", cluster.address], env=env, capture_output=True, text=True, timeout=900)
