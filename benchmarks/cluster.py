@@ -36,7 +36,7 @@ import common
 from ensemble import SETTINGS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from raycluster import LocalCluster  # noqa: E402
+from raycluster import AUTH, LocalCluster  # noqa: E402
 
 
 def sweep(setting: dict, members: int, steps: int):
@@ -105,6 +105,7 @@ def main() -> None:
         t0 = time.perf_counter()
         cluster.start()
         start_s = time.perf_counter() - t0
+        os.environ.update(AUTH)  # this driver speaks the cluster's auth mode, whatever ~/.ray holds
         ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR", include_dashboard=False)
         noop_ms = empty_task_ms(ray)
         setting = SETTINGS[args.setting]
