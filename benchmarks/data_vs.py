@@ -4,7 +4,7 @@
 
 A change that only makes the data faster must make the very same batches. Two worker processes, one
 importing this tree's `circuitbook`, one the other checkout's (its `lib/`), build each run's sampler once
-(`training.data_sampler`, as the loop does) and make the same window of steps (`data.window`: whole
+(`training.data_sampler` under `device_policy`, as the loop does) and make the same window of steps (`data.window`: whole
 prefetch blocks and epochs); the parent asks them in turn, alternating which goes first, so both arms see
 the same machine. Per run: mean ms per member-step of each, their ratio (baseline / this tree), and
 whether every batch of the window was the same (a SHA-256 over the tokens and labels of both).
@@ -34,14 +34,24 @@ def worker(threads: int) -> None:
     """Answer requests on stdin, one JSON line each: {"chapter", "notebook", "profile", "run", "repeats"}."""
     import torch
 
-    import circuitbook
-    import data
-    from circuitbook import plan
-    from circuitbook.training import data_sampler, default_device
+    from circuitbook.training import default_device
+    from circuitbook.training.device import device_policy
 
     if threads:
         torch.set_num_threads(threads)
     device = default_device()
+    with device_policy(device):  # what the training loop fixes about the process while it makes batches
+        _answer(device)
+
+
+def _answer(device) -> None:
+    import torch
+
+    import circuitbook
+    import data
+    from circuitbook import plan
+    from circuitbook.training import data_sampler
+
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     made: dict[tuple, tuple] = {}
     print(json.dumps({"ready": True, "device": device.type, "package": circuitbook.__file__}), flush=True)
