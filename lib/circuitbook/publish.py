@@ -88,11 +88,16 @@ def _run_files_dir(name: str, key: str, label: str) -> Path | None:
     """Where this store keeps a run's metrics: the run itself if it trained here, else where `load` (published
     results) or a visit's import placed them. Without the fallback, publishing again from a store that only
     loaded a notebook's result would drop that notebook's metrics from published/."""
-    for d in (runs_root() / name / key, runs_root() / "imported" / "metrics" / label / name / key,
-              runs_root() / "imported" / "metrics" / name / key):
+    for d in (runs_root() / name / key, _loaded_metrics(label) / name / key,
+              runs_root() / "imported" / "metrics" / name / key):  # the last: transfer's import of a visit
         if any((d / f).is_file() for f in RUN_FILES):
             return d
     return None
+
+
+def _loaded_metrics(label: str) -> Path:
+    """Where `load` places the run metrics of published/<label>/ in this store."""
+    return runs_root() / "imported" / "metrics" / label
 
 
 def _current_files(nb, label: str) -> tuple[dict[str, bytes], dict] | str:
@@ -118,8 +123,8 @@ def _current_files(nb, label: str) -> tuple[dict[str, bytes], dict] | str:
     runs = []
     for ref in results.get("runs") or []:
         run_dir = _run_files_dir(ref["name"], ref["key"], label)
-        for name in RUN_FILES:
-            if run_dir is not None and (run_dir / name).is_file():
+        for name in RUN_FILES if run_dir is not None else ():
+            if (run_dir / name).is_file():
                 files[f"metrics/{ref['name']}/{ref['key']}/{name}"] = (run_dir / name).read_bytes()
         runs.append(f"{ref['name']}/{ref['key']}")
     provenance = results.get("provenance") if isinstance(results.get("provenance"), dict) else {}
@@ -245,7 +250,7 @@ def load(profile: str, log=print) -> Loaded:
         transfer._place(nb, unit, files_as_archive(nb, profile, files), results, profile, imported)
         for rel, data in files.items():
             if rel.startswith("metrics/"):
-                atomic_write_bytes(runs_root() / "imported" / "metrics" / profile / rel[len("metrics/"):], data)
+                atomic_write_bytes(_loaded_metrics(profile) / rel[len("metrics/"):], data)
     out.current, out.stale, out.kept_local = imported.current, imported.stale, imported.kept_local
     return out
 
