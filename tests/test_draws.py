@@ -47,6 +47,29 @@ def test_words_equal_the_definition_at_the_edges_of_every_input():
     assert int(draws.Stream([3]).words(9, 7, 2 ** 24, 1)[0, -1, 0]) == ref_word(3, 9, 7, 2 ** 24 - 1, 0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width", [draws.WIDE - 1, draws.WIDE, 3 * draws.WIDE + 1])
+def test_narrow_and_wide_rows_equal_the_definition(device, width):
+    """Rows of WIDE words or more are mixed in int32 arithmetic, narrower ones in int64: both are the definition,
+    columns near 2^16 included (their products with a lane wrap many times)."""
+    stream = draws.Stream(KEYS, device)
+    for step in (0, 2 ** 31 + 7, 2 ** 32 - 1):
+        got = stream.words(step, 255, 3, width).cpu()
+        want = torch.tensor([[[ref_word(k, step, 255, r, c) for c in range(width)] for r in range(3)] for k in KEYS])
+        assert torch.equal(got, want), (step, width)
+    far = stream.words(5, 2, 2, draws.MAX_COLUMNS).cpu()[:, :, -width:]
+    cols = range(draws.MAX_COLUMNS - width, draws.MAX_COLUMNS)
+    want = torch.tensor([[[ref_word(k, 5, 2, r, c) for c in cols] for r in range(2)] for k in KEYS])
+    assert torch.equal(far, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_int32_mix_is_the_mix(device):
+    x = torch.cat([torch.tensor([0, 1, 2 ** 15, 2 ** 16 - 1, 2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1]),
+                   torch.randint(0, 2 ** 32, (5000,), generator=torch.Generator().manual_seed(1))]).to(device)
+    assert torch.equal(draws.mix_int32(x.to(torch.int32)).long() & draws.MASK32, draws.mix(x))
+
+
 def test_known_words():
     """Pinned values: a change of the hash (and of every run's data) shows here first."""
     assert draws.word(0, 0, 0, 0, 0) == ref_word(0, 0, 0, 0, 0) == 3541725832

@@ -13,7 +13,9 @@ of 32-bit integers with strong avalanche. Its second multiplier is applied as 0x
 number of magnitude < 2^31: every product then has magnitude < 2^63, so no int64 operation overflows, and
 `& 0xffffffff` of a negative product keeps its low 32 bits (two's complement, which C++20 guarantees and
 every platform torch runs on uses). Shifts only ever see non-negative values. So the integers are exactly
-defined on the CPU and on CUDA, and equal to the pure-Python definition `word()` below.
+defined on the CPU and on CUDA, and equal to the pure-Python definition `word()` below. Rows of `WIDE` words
+or more mix their elements in int32 instead (`mix_int32`: the same bits, half the memory traffic, twice as
+fast on a CPU); the words a sampler reads are int64 either way.
 
 A state of two 32-bit lanes (a, b) absorbs one 32-bit word w as a <- mix(a ^ w), b <- mix(b ^ a). From fixed
 initial lanes the state absorbs the member key's low and high halves (once, when the stream is built), the
@@ -60,6 +62,7 @@ MAX_STEP = (1 << 32) - 1
 MAX_ROWS = 1 << ROW_BITS
 MAX_COLUMNS = 1 << 16
 SORT_COLUMN_BITS = 16  # sort_keys: the column in the low 16 bits
+WIDE = 4  # rows of at least this many words mix their elements in int32 (narrower rows: the conversions cost more)
 
 
 def mix(x):
@@ -69,6 +72,18 @@ def mix(x):
     x = x ^ (x >> 15)
     x = (x * _MUL2) & MASK32
     return x ^ (x >> 16)
+
+
+def mix_int32(x: torch.Tensor) -> torch.Tensor:
+    """`mix` on an int32 tensor holding 32-bit values in two's complement (the value v as v - 2^32 when
+    v >= 2^31): the same bits as `mix` of the int64 values. Products wrap mod 2^32 (the low 32 bits of the
+    exact product, what every CPU and CUDA multiply of 32-bit integers gives), and the right shifts are
+    masked to be logical. Twice as fast as the int64 form where the tensor is large (it streams half the bytes)."""
+    x = x ^ ((x >> 16) & 0xFFFF)
+    x = x * _MUL1
+    x = x ^ ((x >> 15) & 0x1FFFF)
+    x = x * _MUL2
+    return x ^ ((x >> 16) & 0xFFFF)
 
 
 def absorb(a, b, word):
@@ -151,7 +166,12 @@ class Stream:
             a, b = absorb(self.a[:, None], self.b[:, None], step)  # [K, 1]
         a, b = absorb(a[:, :, None], b[:, :, None], self.arange(rows, site << ROW_BITS))  # [K, S, rows]
         a, b = a.flatten(1), b.flatten(1)
-        return mix(b[:, :, None] ^ ((self.arange(width) * (2 * a + 1)[:, :, None]) & MASK32))
+        if width < WIDE:
+            return mix(b[:, :, None] ^ ((self.arange(width) * (2 * a + 1)[:, :, None]) & MASK32))
+        # the same words in int32 arithmetic (half the bytes an op moves): see `mix_int32`
+        columns = self.arange(width).to(torch.int32)
+        x = mix_int32(b.to(torch.int32)[:, :, None] ^ (columns * (2 * a + 1).to(torch.int32)[:, :, None]))
+        return x.long() & MASK32
 
 
 # ---------------------------------------------------------------- words -> draws
