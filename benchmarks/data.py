@@ -15,7 +15,8 @@ order is made on the step that enters the epoch), so the mean is what training p
         task without one), stacked and moved to the device: what `stack_batches` did every step;
   new   `training.data_sampler(tasks, seeds, device)(step, batch)`, built once (as the loop does);
   step  `training.train_step` of that ensemble on the sampler's batch (forward, backward, optimizer), the
-        fastest of --step-repeats after a warm-up, under the device policy training uses.
+        fastest of --step-repeats after a warm-up.
+All three run under the device policy training uses (`training.device.device_policy`).
 Targets (issue 36): on a CPU at most 0.1 ms of data per member-step, on a GPU data at most 10% of the step.
 Writes results/data_<device type>.json (rows: chapter, notebook, run, members, batch_size, old/new data ms,
 step_ms, data_ms_per_member_step, old_data_ms_per_member_step, ...) and .txt.
@@ -75,12 +76,16 @@ def bench_run(run, device: torch.device, repeats: int, step_repeats: int) -> dic
     tc, tasks = run.train_config, run.tasks
     keys = [data_key(s) for s in tc.seeds]
     timed = timer(device)
-    sampler = data_sampler(tasks, tc.seeds, device)
-    tokens, labels = sampler(0, tc.batch_size)  # warm-up, and the step's batch
-    first, count = window(sampler, tc.batch_size, repeats)
-    new = [timed(lambda s=s: sampler(s, tc.batch_size)) for s in range(first, first + count)]
-    old_batches(tasks, keys, 0, tc.batch_size, device)
-    old = [timed(lambda s=s: old_batches(tasks, keys, s, tc.batch_size, device)) for s in range(1, repeats + 1)]
+    # Both arms make their batches under the device policy, as the training loop does (on a CPU it sets
+    # how the process keeps the memory it frees, for good: without it here, the first run a process
+    # measures would be timed under other conditions than every later one and than training).
+    with device_policy(device):
+        sampler = data_sampler(tasks, tc.seeds, device)
+        tokens, labels = sampler(0, tc.batch_size)  # warm-up, and the step's batch
+        first, count = window(sampler, tc.batch_size, repeats)
+        new = [timed(lambda s=s: sampler(s, tc.batch_size)) for s in range(first, first + count)]
+        old_batches(tasks, keys, 0, tc.batch_size, device)
+        old = [timed(lambda s=s: old_batches(tasks, keys, s, tc.batch_size, device)) for s in range(1, repeats + 1)]
     with device_policy(device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         ens = Ensemble(run.model_config, tc.seeds, None, device)
         opt = Optimizer(ens.params, ens.trainable, tc)
