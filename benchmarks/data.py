@@ -76,9 +76,9 @@ def bench_run(run, device: torch.device, repeats: int, step_repeats: int) -> dic
     tc, tasks = run.train_config, run.tasks
     keys = [data_key(s) for s in tc.seeds]
     timed = timer(device)
-    # Both arms make their batches under the device policy, as the training loop does (on a CPU it sets
-    # how the process keeps the memory it frees, for good: without it here, the first run a process
-    # measures would be timed under other conditions than every later one and than training).
+    # Every arm runs under the device policy, as the training loop does (on a CPU it sets how the process
+    # keeps the memory it frees, for good: without it the first run a process measures would be timed
+    # under other conditions than every later one and than training).
     with device_policy(device):
         sampler = data_sampler(tasks, tc.seeds, device)
         tokens, labels = sampler(0, tc.batch_size)  # warm-up, and the step's batch
@@ -86,12 +86,12 @@ def bench_run(run, device: torch.device, repeats: int, step_repeats: int) -> dic
         new = [timed(lambda s=s: sampler(s, tc.batch_size)) for s in range(first, first + count)]
         old_batches(tasks, keys, 0, tc.batch_size, device)
         old = [timed(lambda s=s: old_batches(tasks, keys, s, tc.batch_size, device)) for s in range(1, repeats + 1)]
-    with device_policy(device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        ens = Ensemble(run.model_config, tc.seeds, None, device)
-        opt = Optimizer(ens.params, ens.trainable, tc)
-        kind = tasks[0].loss
-        train_step(ens, opt, tokens, labels, kind, tc)
-        step = min(timed(lambda: train_step(ens, opt, tokens, labels, kind, tc)) for _ in range(step_repeats))
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            ens = Ensemble(run.model_config, tc.seeds, None, device)
+            opt = Optimizer(ens.params, ens.trainable, tc)
+            kind = tasks[0].loss
+            train_step(ens, opt, tokens, labels, kind, tc)
+            step = min(timed(lambda: train_step(ens, opt, tokens, labels, kind, tc)) for _ in range(step_repeats))
     K = tc.n_members
     new_ms, old_ms = statistics.mean(new), statistics.mean(old)
     return {"run": run.dir.name, "members": K, "batch_size": tc.batch_size, "task": type(tasks[0]).__name__,
