@@ -68,6 +68,10 @@ def test_source_digest_ignores_comments_docstrings_and_blank_lines(tmp_path):
     e = tmp_path / "e.py"
     e.write_text('def f():\n    x = "# not a comment, changed"\n    return x\n')
     assert runs.source_digest(d) != runs.source_digest(e), "a '#' inside a string is code"
+    f, g = tmp_path / "f.c", tmp_path / "g.c"
+    f.write_text("int f(void) { return 1; }\n")
+    g.write_text("int f(void) { return 1; } /* other words */\n")
+    assert runs.source_digest(f) != runs.source_digest(g), "a C file counts as it is (read by no Python parser)"
 
 
 # A chapter's run: the main run of assign_add (its model, task and ProgressEvaluator) and a restricted IMIR model.
@@ -92,6 +96,8 @@ CHAPTER_IN_THE_KEY = [
     ("analysis/attention.py", "def template_cosine(", "Z = 3\n\n\ndef template_cosine("),  # its RUN_KEY_SOURCES
     ("models/imir.py", "class IMIRModel(nn.Module):", "W = 5\n\n\nclass IMIRModel(nn.Module):"),
     ("analysis/imir.py", "    def direction_norm(", "    V = 6\n\n    def direction_norm("),  # IMIR's RUN_KEY_SOURCES
+    ("tasks/native.c", "static inline u32 mix(u32 x) {", "static int unused;\nstatic inline u32 mix(u32 x) {"),  # the task's
+    ("tasks/native.py", "MAX_ROW = 1024", "MAX_ROW = 1025"),  # CPU kernel: its RUN_KEY_SOURCES
 ]
 
 

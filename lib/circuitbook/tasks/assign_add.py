@@ -111,7 +111,7 @@ import torch
 from functools import lru_cache
 from itertools import combinations, permutations
 
-from . import draws
+from . import draws, native
 from .base import Batch, check_batch_size, derive_seed, one_member_batch, step_generator
 
 VAR_NAMES = tuple("abcdefghijkl")
@@ -638,6 +638,7 @@ class AssignAddTask:
 # ---------------------------------------------------------------- the batched training stream
 
 SITE_ROWS = 0  # the stream site of a batch's rows
+RUN_KEY_SOURCES = ("tasks/native.py", "tasks/native.c")  # the sampler's CPU kernel (the same batches)
 # The words of one training row, by column of `draws.Stream.words`.
 W_TYPE, W_SLOT, W_PAIR, W_LEFT, W_FIRST_VALUE, W_COUNT, W_SUBSET, W_LAYOUT, W_VALUES = range(9)
 MAX_DISTRACTORS = MAX_ASSIGNMENTS - 1  # every sequence has a required assignment (an operand or the featured one)
@@ -723,9 +724,16 @@ class AssignAddSampler:
         self.row_vars, self.n_row_vars = on(tasks[0]._row_var_table.flatten()), on(tasks[0]._n_row_vars)
         self.left_table, self.left_count = map(on, _two_var_left_table())
         self.tables = {name: on(t) for name, t in _prefix_tables().items()}
+        self.native = native.kernel_for(self, native.AssignAddKernel, SITE_ROWS)
 
     def __call__(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [K, B, 16], labels [K, B]); with a list of S steps, [K, S * B, ...] (rows step-major)."""
+        if self.native is not None and not torch.is_tensor(step):  # the same batches, fused (`tasks.native`)
+            return self.native(step, check_batch_size(batch_size))
+        return self.torch_form(step, batch_size)
+
+    def torch_form(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batches by torch ops: the definition, and the form of every device but the CPU."""
         w = self.stream.words(step, SITE_ROWS, check_batch_size(batch_size), ROW_WORDS)  # [K, rows, ROW_WORDS]
         q = self.queries(w)
         return self.render(q, w), (q.n1 + q.n2) % self.modulus

@@ -23,7 +23,7 @@ from .base import Batch
 
 # The batches are rendered from the parent's queries, pools and (at b = 1) its rendering: its file is part of what
 # a bursty run computes, so it enters the run's key with this one.
-RUN_KEY_SOURCES = ("tasks/assign_add.py",)
+RUN_KEY_SOURCES = ("tasks/assign_add.py", "tasks/native.py", "tasks/native.c")
 BURSTY_VERSION = 1  # bump when the meaning of the repeated prefix changes
 MAX_REPEATS = MAX_ASSIGNMENTS // 2  # a 2-var query needs 2b blocks
 

@@ -52,14 +52,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import draws, row_chunks
+from . import draws, native, row_chunks
 from .base import Batch, check_batch_size, one_member_batch, step_generator
 
 KINDS = ("recall", "khop", "ngram", "ioi", "conditional")
 OFFSETS = ("cyclic", "fixed")
 INPUT_IDS = ("composite", "tokens")
 COMMON, RARE, FILL, BOS = 0, 1, 2, 3
-RUN_KEY_SOURCES = ("tasks/row_chunks.py",)  # how the sampler's calls are made (a run's key covers its batches)
+RUN_KEY_SOURCES = ("tasks/row_chunks.py", "tasks/native.py", "tasks/native.c")  # what makes the batches besides this file
 
 
 @dataclass
@@ -540,7 +540,19 @@ class _Group:
                 thresholds = torch.tensor([draws.cumulative_thresholds(p) for p in law], device=device)
                 self.laws.append((slice(j, j + 1), thresholds[:, None, None, :], law))
 
+        self.native = native.kernel_for(self, native.BlockListKernel, SITE_ROWS)
+
+    @property
+    def device(self) -> torch.device:
+        return self.stream.device
+
     def __call__(self, step, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.native is not None and not torch.is_tensor(step):  # the same batches, fused (`tasks.native`)
+            return self.native(step, B)
+        return self.torch_form(step, B)
+
+    def torch_form(self, step, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batches by torch ops: the definition, and the form of every device but the CPU."""
         make = lambda lo, hi, steps: self._make(lo, hi, steps, B)  # noqa: E731
         return row_chunks.made_in_chunks(make, self.stream.n_members, step, B, self.stream.device,
                                          row_bytes=8 * len(self.names))  # int64 words, one per choice
