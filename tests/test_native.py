@@ -144,6 +144,15 @@ def test_a_kernel_that_disagrees_with_the_torch_form_is_never_used(fresh, monkey
     assert torch.equal(sampler(4, 8)[0], torch_form(sampler)(4, 8)[0])
 
 
+@needs_compiler
+def test_a_task_the_kernel_cannot_make_is_made_by_the_torch_form(fresh, monkeypatch):
+    monkeypatch.setattr(native, "MAX_ROW", 20)  # rows of 97 choices
+    sampler = direct(BLOCK_LISTS["n16"](), [1, 2])
+    assert kernels(sampler) == [None]
+    assert any("cannot make these batches" in line and "at most 20" in line for line in fresh), fresh
+    assert set(native.KIND_CODES) == set(KINDS), "native.c knows every kind"
+
+
 def test_the_kernels_read_only_contiguous_int64_cpu_tensors():
     with pytest.raises(ValueError, match="contiguous int64"):
         native._ptr(torch.zeros(3, dtype=torch.int32))

@@ -138,7 +138,11 @@ def kernel_for(sampler, kind, *args):
     its torch form (`sampler.torch_form`), else None (the reason said once)."""
     if sampler.device.type != "cpu" or (lib := library()) is None:
         return None
-    kernel = kind(sampler, lib, *args)
+    try:
+        kernel = kind(sampler, lib, *args)
+    except ValueError as e:  # a task the kernel does not know
+        say_once(f"native {kind.__name__} cannot make these batches ({e}): batches made by torch ops")
+        return None
     why = agrees(kernel, sampler.torch_form)
     if why:
         say_once(f"native {kind.__name__} disagrees with the torch form ({why}): batches made by torch ops")
@@ -183,6 +187,7 @@ class _BlockListTask(ctypes.Structure):
 
 
 MAX_ROW = 1024  # native.c's largest row (choices, tokens)
+KIND_CODES = {"recall": 0, "khop": 1, "ngram": 2, "ioi": 3, "conditional": 4}  # native.c's enum of kinds
 
 
 class BlockListKernel:
@@ -191,10 +196,10 @@ class BlockListKernel:
     `BlockListTask.assemble` and `model_inputs`, row by row."""
 
     def __init__(self, group, lib: ctypes.CDLL, site: int):
-        from .blocklist import KINDS
-
         self.lib, self.stream, self.site = lib, group.stream, site
         t, names = group.task, group.names
+        if t.kind not in KIND_CODES:
+            raise ValueError(f"kind {t.kind!r} is not one of native.c's {sorted(KIND_CODES)}")
         if max(len(names), t.seq_len) > MAX_ROW:
             raise ValueError(f"rows of {len(names)} choices and {t.seq_len} tokens: native.c makes at most {MAX_ROW}")
         col = {name: j for j, name in enumerate(names)}
@@ -215,7 +220,7 @@ class BlockListKernel:
         self.keep = [x.to(torch.long).contiguous() for x in (group.sizes.cpu(), torch.tensor(law_start),
                                                             torch.tensor(law_count), law_table)]
         self.task = _BlockListTask(
-            KINDS.index(t.kind), t.n_pairs, t.n_rare, t.n_blocks, t.burstiness, t.n_fill, int(t.bos),
+            KIND_CODES[t.kind], t.n_pairs, t.n_rare, t.n_blocks, t.burstiness, t.n_fill, int(t.bos),
             t.bos_token if t.bos else -1, int(t.input_ids == "composite"), int(t.f_r > 0), t.chain_len,
             t.block_len, t.query_len, t.n_distractors, t.common_draws, t.n_common, t.n_tokens, t.seq_len, C,
             col["pair0"], col.get("rare", -1), col["canon0"], col["order0"], col.get("gap0", -1), col["offset"],
