@@ -13,7 +13,10 @@ steps a sampler makes per call (`Prefetch`; --repeats of them) and a whole epoch
 order is made on the step that enters the epoch), so the mean is what training pays per step:
   old   each member's `reference_batch(step, batch, key)` (the torch.Generator batches; `train_batch` for a
         task without one), stacked and moved to the device: what `stack_batches` did every step;
-  new   `training.data_sampler(tasks, seeds, device)(step, batch)`, built once (as the loop does);
+  new   `training.data_sampler(tasks, seeds, device)(step, batch)`, built once (as the loop does): on a CPU
+        with a C compiler the samplers' fused kernels (`circuitbook.tasks.native`);
+  torch the same sampler with its kernel set aside, its torch ops (the form every other device runs), on the
+        same steps; its batches are checked equal to the kernel's (only where the run has a kernel);
   step  `training.train_step` of that ensemble on the sampler's batch (forward, backward, optimizer), the
         fastest of --step-repeats after a warm-up.
 All three run under the device policy training uses (`training.device.device_policy`).
@@ -72,6 +75,19 @@ def window(sampler, batch: int, repeats: int) -> tuple[int, int]:
     return max(block, epoch), max(epoch, block * repeats)
 
 
+def kernels(sampler) -> list:
+    """The sampler's fused CPU kernels (`tasks.native`), one per part that has one."""
+    inner = getattr(sampler, "sampler", sampler)
+    return [part for part in getattr(inner, "groups", [inner]) if getattr(part, "native", None) is not None]
+
+
+def without_kernels(sampler):
+    """The sampler making its batches by torch ops (every kernel set aside)."""
+    for part in kernels(sampler):
+        part.native = None
+    return sampler
+
+
 def bench_run(run, device: torch.device, repeats: int, step_repeats: int) -> dict:
     tc, tasks = run.train_config, run.tasks
     keys = [data_key(s) for s in tc.seeds]
@@ -84,6 +100,14 @@ def bench_run(run, device: torch.device, repeats: int, step_repeats: int) -> dic
         tokens, labels = sampler(0, tc.batch_size)  # warm-up, and the step's batch
         first, count = window(sampler, tc.batch_size, repeats)
         new = [timed(lambda s=s: sampler(s, tc.batch_size)) for s in range(first, first + count)]
+        with_kernel = bool(kernels(sampler))
+        torch_ms = None
+        if with_kernel:
+            by_torch = without_kernels(data_sampler(tasks, tc.seeds, device))
+            check = first + count  # past the window (and its warm-up): the timed blocks are made while timed
+            if not all(torch.equal(a, b) for a, b in zip(by_torch(check, tc.batch_size), sampler(check, tc.batch_size))):
+                raise SystemExit(f"{run.dir.name}: the kernel's batches differ from the torch form's at step {check}")
+            torch_ms = [timed(lambda s=s: by_torch(s, tc.batch_size)) for s in range(first, first + count)]
         old_batches(tasks, keys, 0, tc.batch_size, device)
         old = [timed(lambda s=s: old_batches(tasks, keys, s, tc.batch_size, device)) for s in range(1, repeats + 1)]
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -95,7 +119,10 @@ def bench_run(run, device: torch.device, repeats: int, step_repeats: int) -> dic
     K = tc.n_members
     new_ms, old_ms = statistics.mean(new), statistics.mean(old)
     return {"run": run.dir.name, "members": K, "batch_size": tc.batch_size, "task": type(tasks[0]).__name__,
-            "capturable": bool(sampler.capturable), "timed_steps": [first, first + count], "old_data_ms": old_ms,
+            "capturable": bool(sampler.capturable), "kernel": with_kernel, "timed_steps": [first, first + count],
+            "old_data_ms": old_ms,
+            "torch_data_ms": statistics.mean(torch_ms) if torch_ms else None,
+            "torch_data_ms_per_member_step": statistics.mean(torch_ms) / tc.n_members if torch_ms else None,
             "data_ms": new_ms, "step_ms": step,
             "data_share_of_step": new_ms / step, "data_ms_per_member_step": new_ms / K,
             "old_data_ms_per_member_step": old_ms / K, "speedup": old_ms / new_ms,
@@ -134,7 +161,7 @@ def book_runs(chapters: list[str] | None, profile: str, fallback: str | None):
 
 def table(rows: list[dict], device: torch.device) -> str:
     lines = [f"{'chapter':<18} {'run':<44} {'prof':<5} {'K':>3} {'batch':>5}  {'old ms':>8} {'new ms':>7} "
-             f"{'step ms':>8} {'new/step':>8}  {'ms/member-step old | new':>25} {'x':>6}"]
+             f"{'step ms':>8} {'new/step':>8}  {'ms/member-step old | new':>25} {'x':>6}  {'torch form':>10}"]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['chapter']:<18} {r['notebook']:<44} not measured: {r['error']}")
@@ -142,7 +169,9 @@ def table(rows: list[dict], device: torch.device) -> str:
         lines.append(f"{r['chapter']:<18} {r['run']:<44} {r['profile']:<5} {r['members']:>3} {r['batch_size']:>5}  "
                      f"{r['old_data_ms']:>8.2f} {r['data_ms']:>7.2f} {r['step_ms']:>8.1f} "
                      f"{r['data_share_of_step']:>7.1%}  {r['old_data_ms_per_member_step']:>12.3f} | "
-                     f"{r['data_ms_per_member_step']:<10.4f} {r['speedup']:>5.0f}x")
+                     f"{r['data_ms_per_member_step']:<10.4f} {r['speedup']:>5.0f}x  "
+                     + (f"{r['torch_data_ms_per_member_step']:>10.4f}" if r.get("torch_data_ms_per_member_step")
+                        else f"{'-':>10}"))
     target = ("(target: <= 10% of the step)" if device.type == "cuda"
               else f"(target: <= {CPU_TARGET_MS_PER_MEMBER_STEP} ms per member-step)")
     lines += ["", f"per chapter: the worst run {target}"]
@@ -178,7 +207,8 @@ def main() -> None:
               "reference_batch + stack + copy (the path before issue 36), new = the run's sampler on the device "
               "(mean over whole prefetch blocks and epochs, at least --repeats steps); "
               f"step = train_step on that batch (fastest of {args.step_repeats}); "
-              "x = old / new")
+              "x = old / new; torch form = the sampler's torch ops on the same steps (ms/member-step; runs with "
+              "a CPU kernel, same batches checked)")
     rows = []
     for nb, run, profile, why in book_runs(args.chapter, args.profile, args.fallback_profile):
         if run is None:  # say so for this notebook, measure the rest

@@ -5,8 +5,11 @@ fairness checks are: the ensemble must train the same models as the sequential r
 and the toy model must compute the same logits as TransformerLens's native model.
 """
 import json
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 from conftest import ROOT
 
@@ -52,6 +55,17 @@ def test_data_benchmark_times_old_and_new_batches_and_the_step(tmp_path):
     for key in ("data_ms_per_member_step", "old_data_ms_per_member_step", "step_ms", "data_share_of_step"):
         assert row[key] > 0, key
     assert row["members"] >= 1 and row["batch_size"] >= 1
+    assert row["kernel"] is False and row["torch_data_ms"] is None, "a fixed dataset's sampler has no CPU kernel"
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler: the samplers run their torch form")
+def test_data_benchmark_times_the_kernel_beside_the_torch_form(tmp_path):
+    report = run_script("data.py", "--profile", "smoke", "--chapter", "lenses", "--repeats", "1", "--step-repeats",
+                        "1", out=tmp_path / "data.json")
+    rows = [r for r in report["results"] if r.get("kernel")]
+    assert rows, "lenses' bursty Assign-and-Add run makes its batches with the kernel"
+    for row in rows:
+        assert row["torch_data_ms_per_member_step"] > 0 and row["data_ms_per_member_step"] > 0
 
 
 def test_data_vs_times_this_tree_beside_another_checkout_and_compares_the_batches(tmp_path):
