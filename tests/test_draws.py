@@ -122,7 +122,21 @@ def test_bad_keys_sites_shapes_and_step_tensors_are_refused():
     with pytest.raises(ValueError, match="int64 tensor"):
         s.words(torch.tensor(3, dtype=torch.int32), 0, 4, 1)
     with pytest.raises(ValueError, match="int64 tensor"):
-        s.words(torch.tensor([[3]]), 0, 4, 1)
+        s.words(torch.tensor([[[3]]]), 0, 4, 1)
+    with pytest.raises(ValueError, match=r"\[1, S\] int64 tensor"):
+        s.words(torch.tensor([[3], [4]]), 0, 4, 1)  # two members' steps for a one-member stream
+    with pytest.raises(ValueError, match=r"\[1, S\] int64 tensor"):
+        s.words(torch.tensor([[3]], dtype=torch.int32), 0, 4, 1)
+
+
+def test_steps_per_member_are_each_members_words_at_its_steps():
+    stream = draws.Stream([5, 6, 7])
+    steps = torch.tensor([[0, 9, 2 ** 32 - 1], [4, 4, 1], [123456, 0, 7]])
+    made = stream.words(steps, 3, 11, 2).view(3, 3, 11, 2)
+    for k in range(3):
+        for s in range(3):
+            alone = draws.Stream([[5, 6, 7][k]]).words(int(steps[k, s]), 3, 11, 2)[0]
+            assert torch.equal(made[k, s], alone)
 
 
 # ---------------------------------------------------------------- uniformity and independence

@@ -349,3 +349,32 @@ def test_cuda_batches_are_bit_identical_to_the_cpu_and_capturable(name):
         graph.replay()
         for a, b in zip(cpu(s, 32), captured):
             assert torch.equal(a, b.cpu()), (name, s)
+
+
+@pytest.mark.parametrize("sizes", [(10, 10, 10), (10, 7, 3)])  # a slice of the window; members apart: a gather
+def test_the_window_of_epoch_orders_changes_no_batch(sizes, monkeypatch):
+    """Orders of many epochs made in one call are those made one epoch at a time, in any order of steps."""
+    import circuitbook.tasks.base as base
+    tasks, keys = [labelled_rows(n) for n in sizes], [data_key(s) for s in range(len(sizes))]
+    steps = list(range(40)) + [2 ** 32 - 1, 5, 1000, 6, 2 ** 32 - 2, 0]
+    monkeypatch.setattr(base, "EPOCH_WINDOW_STEPS", 1)
+    one_at_a_time = make_sampler(tasks, keys)
+    assert one_at_a_time.window_epochs(4) == 1
+    expected = [one_at_a_time(s, 4) for s in steps]
+    monkeypatch.setattr(base, "EPOCH_WINDOW_STEPS", 256)
+    windowed = make_sampler(tasks, keys)
+    shortest = min(-(-n // 4) for n in sizes)  # steps of the shortest epoch
+    assert windowed.window_epochs(4) == -(-256 // shortest)  # at least 256 steps of it
+    for s, (tokens, labels) in zip(steps, expected):
+        made = windowed(s, 4)
+        assert torch.equal(made[0], tokens) and torch.equal(made[1], labels), s
+        by_tensor = windowed(torch.tensor(s), 4)
+        assert torch.equal(by_tensor[0], tokens) and torch.equal(by_tensor[1], labels), s
+        for k, (task, key) in enumerate(zip(tasks, keys)):
+            alone = task.train_batch(s, 4, key)  # (a member whose rows fit one batch: in its own order)
+            real = labels[k][labels[k] != IGNORE_INDEX]
+            assert torch.equal(real.sort().values, alone.labels.sort().values), (s, k)
+            if task.steps_per_epoch(4) > 1:
+                assert torch.equal(real, alone.labels), (s, k)
+    monkeypatch.setattr(base, "EPOCH_WINDOW_IDS", 3 * 3 * 4 * 10)  # ids of 10 epochs of 3 members
+    assert make_sampler(tasks, keys).window_epochs(4) == 10, "the window's row ids are bounded"

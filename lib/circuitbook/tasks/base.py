@@ -197,14 +197,19 @@ class FixedDataset:
         return Batch(self.tokens[idx], self.labels[idx])
 
 
+EPOCH_WINDOW_STEPS = 256  # int steps whose epoch orders are made in one call: its ~20 small ops amortised
+EPOCH_WINDOW_IDS = 1 << 21  # ... holding at most this many row ids (16 MiB); a bigger epoch is one per call
+
+
 class EpochSampler:
     """FixedDataset batches of K members (one dataset each, possibly one shared object), on one device.
 
     The members' datasets are stacked into one table of rows (padded to the longest) plus a padding row (token 0,
     labels IGNORE_INDEX); a batch is the table's rows at [K, B] ids. Epoch orders are argsorts of distinct
     integer keys ((word << 24) | row), so every device computes the same permutation. With an int step the
-    row ids of the current epochs are cached (a pure function of (key, epoch)), so a step is one slice and
-    two index_selects; with a tensor step they are recomputed each call, branch-free.
+    row ids of a window of E consecutive epochs are made in one call and cached (a pure function of (key,
+    epoch): the window changes how often orders are made, never a batch), so a step is one slice and two
+    index_selects; with a tensor step they are recomputed each call, branch-free.
     """
 
     capturable = True
@@ -228,40 +233,51 @@ class EpochSampler:
         self.first = torch.tensor([where[id(t)] * self.n_max for t in tasks], device=self.device)  # member's rows
         self.size = torch.tensor(self.sizes, device=self.device)
         self._per_epoch: dict[int, torch.Tensor] = {}
-        self._epochs: tuple = (None, None, None)  # (batch size, epochs, row ids [K, P * B] of those epochs)
+        self._window: tuple = (None, None, None)  # (batch size, first epochs, row ids [K, E * P * B] of the window)
         self._full = None
 
-    def _order(self, epoch) -> torch.Tensor:
-        """[K, n_max] row order of each member's epoch (padding rows last)."""
-        words = self.stream.words(epoch, SITE_EPOCH, self.n_max, 1)[..., 0]
+    def _orders(self, epochs: torch.Tensor) -> torch.Tensor:
+        """[K, E, n_max] row orders of the members' epochs [K, E] (padding rows last)."""
+        words = self.stream.words(epochs, SITE_EPOCH, self.n_max, 1)[..., 0].view(*epochs.shape, self.n_max)
         rows = self.stream.arange(self.n_max)
-        keys = torch.where(rows < self.size[:, None], (words << 24) | rows, 1 << 62)
-        return keys.argsort(1)
+        keys = torch.where(rows < self.size[:, None, None], (words << 24) | rows, 1 << 62)
+        return keys.argsort(-1)
 
-    def _ids(self, order: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Table row ids of epoch positions pos [K, m] (the padding row past a member's rows)."""
-        row = order.gather(1, pos.clamp(max=self.n_max - 1))
-        return torch.where(pos < self.size[:, None], self.first[:, None] + row, self.pad_row)
+    def _ids(self, orders: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Table row ids [K, E, m] of positions pos [K, E, m] of those epochs (the padding row past a member's rows)."""
+        row = orders.gather(-1, pos.clamp(max=self.n_max - 1))
+        return torch.where(pos < self.size[:, None, None], self.first[:, None, None] + row, self.pad_row)
+
+    def steps_per_epoch(self, batch_size: int) -> list[int]:
+        return [max(1, -(-n // batch_size)) for n in self.sizes]
+
+    def window_epochs(self, batch_size: int) -> int:
+        """E: the epochs whose orders one call makes for int steps (at least EPOCH_WINDOW_STEPS steps of the
+        shortest epoch, at most EPOCH_WINDOW_IDS row ids)."""
+        per_epoch = self.steps_per_epoch(batch_size)
+        most_ids = len(self.sizes) * max(per_epoch) * batch_size
+        return max(1, min(-(-EPOCH_WINDOW_STEPS // min(per_epoch)), EPOCH_WINDOW_IDS // most_ids))
 
     def _step_ids(self, step, B: int) -> torch.Tensor:
-        per_epoch = [max(1, -(-n // B)) for n in self.sizes]
+        per_epoch = self.steps_per_epoch(B)
         if torch.is_tensor(step):
             if B not in self._per_epoch:
                 self._per_epoch[B] = torch.tensor(per_epoch, device=self.device)
             per, step = self._per_epoch[B], self.stream.step_tensor(step)
-            return self._ids(self._order(step // per), (step % per)[:, None] * B + self.stream.arange(B))
-        epochs = tuple(check_step(step) // p for p in per_epoch)
-        if self._epochs[:2] != (B, epochs):
-            span = self.stream.arange(max(per_epoch) * B)
-            self._epochs = (B, epochs, self._ids(self._order(torch.tensor(epochs, device=self.device)),
-                                                 span.expand(len(self.sizes), -1)))
-        within = {step % p for p in per_epoch}
-        ids = self._epochs[2]
-        if len(within) == 1:  # every member at the same place of its epoch (one dataset size): a slice
-            i = within.pop()
-            return ids[:, i * B:(i + 1) * B]
-        pos = torch.tensor([step % p for p in per_epoch], device=self.device)[:, None] * B + self.stream.arange(B)
-        return ids.gather(1, pos)
+            epoch, pos = step // per, (step % per)[:, None] * B + self.stream.arange(B)
+            return self._ids(self._orders(epoch[:, None]), pos[:, None])[:, 0]
+        step, P, E = check_step(step), max(per_epoch), self.window_epochs(B)
+        epochs = [step // p for p in per_epoch]
+        starts = tuple(e - e % E for e in epochs)
+        if self._window[:2] != (B, starts):
+            first = torch.tensor(starts, device=self.device)[:, None] + self.stream.arange(E)
+            span = self.stream.arange(P * B).expand(len(self.sizes), E, -1)
+            self._window = (B, starts, self._ids(self._orders(first), span).flatten(1))
+        offsets = [((e - s) * P + step % p) * B for e, s, p in zip(epochs, starts, per_epoch)]
+        ids = self._window[2]
+        if len(set(offsets)) == 1:  # every member at the same place of its window (one dataset size): a slice
+            return ids[:, offsets[0]:offsets[0] + B]
+        return ids.gather(1, torch.tensor(offsets, device=self.device)[:, None] + self.stream.arange(B))
 
     def __call__(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         B = check_batch_size(batch_size)

@@ -151,19 +151,23 @@ class Stream:
     def words(self, step, site: int, rows: int, width: int) -> torch.Tensor:
         """[K, S * rows, width] words: element (k, s * rows + r, c) is word(key_k, step_s, site, r, c).
 
-        step: an int or a 0-dim int64 tensor (S = 1), a [K] int64 tensor (one step per member, S = 1), or a
-        list of ints (S steps, rows step-major: several steps' batches in one call).
+        step: an int or a 0-dim int64 tensor (S = 1), a [K] int64 tensor (one step per member, S = 1), a list of
+        ints (S steps, rows step-major: several steps' batches in one call), or a [K, S] int64 tensor (S steps
+        of each member's own).
         """
         if not (0 <= site < 1 << SITE_BITS and 1 <= rows <= MAX_ROWS and 1 <= width <= MAX_COLUMNS):
             raise ValueError(f"site in [0, 256), rows in [1, 2^24] and width in [1, 2^16] needed, got {site}, {rows}, "
                              f"{width}")
         if isinstance(step, (list, tuple, range)):
-            steps = torch.tensor([check_step(s) for s in step], dtype=torch.long, device=self.device)
-            a, b = absorb(self.a[:, None], self.b[:, None], steps)  # [K, S]
+            step = torch.tensor([check_step(s) for s in step], dtype=torch.long, device=self.device)
+        elif torch.is_tensor(step) and step.dim() == 2:
+            if step.dtype != torch.long or step.device != self.device or len(step) != self.n_members:
+                raise ValueError(f"steps per member must be a [{self.n_members}, S] int64 tensor on {self.device}, "
+                                 f"got {step.dtype} {tuple(step.shape)} on {step.device}")
         else:
             step = self.step_tensor(step)
             step = step[:, None] if torch.is_tensor(step) and step.dim() == 1 else step
-            a, b = absorb(self.a[:, None], self.b[:, None], step)  # [K, 1]
+        a, b = absorb(self.a[:, None], self.b[:, None], step)  # [K, S]
         a, b = absorb(a[:, :, None], b[:, :, None], self.arange(rows, site << ROW_BITS))  # [K, S, rows]
         a, b = a.flatten(1), b.flatten(1)
         if width < WIDE:
