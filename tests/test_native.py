@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+from circuitbook import settings
 from circuitbook.tasks import native
 from circuitbook.tasks.assign_add import AssignAddTask
 from circuitbook.tasks.assign_add_bursty import BurstyAssignAddTask
@@ -34,18 +35,6 @@ def direct(tasks, keys):
     """The batched sampler itself (make_sampler wraps it in a Prefetch of one int step at a time)."""
     sampler = make_sampler(tasks, keys)
     return getattr(sampler, "sampler", sampler)
-
-
-def torch_form(sampler):
-    """The sampler's batches by torch ops (a block-list sampler's groups put together as it does)."""
-    if not hasattr(sampler, "groups"):
-        return sampler.torch_form
-    groups = sampler.groups
-
-    def make(step, batch):
-        made = [g.torch_form(step, batch) for g in groups]
-        return made[0] if len(made) == 1 else tuple(torch.cat(p).index_select(0, sampler.inverse) for p in zip(*made))
-    return make
 
 
 def kernels(sampler) -> list:
@@ -83,7 +72,7 @@ def test_the_kernel_makes_the_torch_forms_batches_bit_for_bit(name):
     tasks = TASKS[name]()
     sampler = direct(tasks, [data_key(s) for s in range(len(tasks))])
     assert all(k is not None for k in kernels(sampler)), "a sampler on the CPU uses the kernel where cc is"
-    reference = torch_form(sampler)
+    reference = sampler.torch_form
     for step, batch in [(0, 1), (7, 33), ([3, 4, 5], 64), ([2 ** 32 - 1], 17), (123_456, 256)]:
         for made, expected in zip(sampler(step, batch), reference(step, batch)):
             assert made.dtype == expected.dtype and torch.equal(made, expected), (name, step, batch)
@@ -141,7 +130,7 @@ def test_a_kernel_that_disagrees_with_the_torch_form_is_never_used(fresh, monkey
     sampler = direct(BLOCK_LISTS["n16"](), [1, 2])
     assert kernels(sampler) == [None]
     assert any("disagrees" in line and "tokens differ" in line for line in fresh), fresh
-    assert torch.equal(sampler(4, 8)[0], torch_form(sampler)(4, 8)[0])
+    assert torch.equal(sampler(4, 8)[0], sampler.torch_form(4, 8)[0])
 
 
 @needs_compiler
@@ -179,3 +168,12 @@ def test_the_kernels_struct_layouts_match_native_c():
         declared = [name.split()[-1].strip("*") for d in declarations for name in d.split(",")]
         assert declared == [f for f, _ in fields], struct
     assert ctypes.sizeof(native._AssignAddTables) == 8 * len(native._AssignAddTables._fields_)
+
+
+def test_the_kernel_settings_are_known_checked_and_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env = {"CIRCUITBOOK_NATIVE": "0", "CIRCUITBOOK_NATIVE_CACHE": "kernels"}
+    settings.check_environment(env)
+    assert env == {"CIRCUITBOOK_NATIVE": "0", "CIRCUITBOOK_NATIVE_CACHE": str(tmp_path / "kernels")}
+    with pytest.raises(settings.SettingError, match="CIRCUITBOOK_NATIVE='2'.*0.*1"):
+        settings.check_environment({"CIRCUITBOOK_NATIVE": "2"})

@@ -511,7 +511,15 @@ class BlockListSampler:
     def __call__(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [K, B, T], labels [K, B]); with a list of S steps, [K, S * B, ...] (rows step-major)."""
         B = check_batch_size(batch_size)
-        made = [g(step, B) for g in self.groups]
+        return self._members([g(step, B) for g in self.groups])
+
+    def torch_form(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same batches by torch ops only (every group's kernel set aside)."""
+        B = check_batch_size(batch_size)
+        return self._members([g.torch_form(step, B) for g in self.groups])
+
+    def _members(self, made: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """The groups' batches in member order."""
         if len(made) == 1:
             return made[0]
         return tuple(torch.cat(parts).index_select(0, self.inverse) for parts in zip(*made))

@@ -40,12 +40,28 @@ static inline i64 categorical(u32 w, const i64 *thresholds, i64 n) {
     return c;
 }
 
-/* The words of one row: word(key, step, site, row, column) for columns 0..width-1 (draws.word). */
-static inline void row_words(u32 a, u32 b, u32 step, u32 site_row, i64 width, u32 *out) {
-    absorb(&a, &b, step);
-    absorb(&a, &b, site_row);
-    u32 odd = 2 * a + 1;
-    for (i64 c = 0; c < width; c++) out[c] = mix(b ^ ((u32)c * odd));
+/* The member x step x row walk of every kernel: row r of member k at step steps[s] gets its words
+   word(key_k, steps[s], site, r, c), c < width (draws.Stream.words), and make_row writes its seq_len tokens and
+   its label at row k * S * B + s * B + r of tokens [K, S * B, seq_len] and labels [K, S * B]. */
+enum { MAX_ROW = 1024 };  /* the most words (choices) and tokens of a row */
+typedef void (*make_row_fn)(const void *task, i64 k, const u32 *w, i64 *tokens, i64 *label);
+
+static void walk_rows(const void *task, make_row_fn make_row, i64 width, i64 seq_len, i64 K, i64 S, i64 B,
+                      const i64 *steps, const i64 *lane_a, const i64 *lane_b, i64 site, i64 *tokens, i64 *labels) {
+    u32 w[MAX_ROW];
+    for (i64 k = 0; k < K; k++)
+        for (i64 s = 0; s < S; s++) {
+            u32 a = (u32)lane_a[k], b = (u32)lane_b[k];
+            absorb(&a, &b, (u32)steps[s]);
+            for (i64 r = 0; r < B; r++) {
+                u32 ra = a, rb = b;
+                absorb(&ra, &rb, (u32)(site << 24 | r));
+                u32 odd = 2 * ra + 1;
+                for (i64 c = 0; c < width; c++) w[c] = mix(rb ^ ((u32)c * odd));
+                i64 at = k * S * B + s * B + r;
+                make_row(task, k, w, tokens + at * seq_len, labels + at);
+            }
+        }
 }
 
 /* ------------------------------------------------------------------ assign_add */
@@ -67,7 +83,8 @@ struct aa_tables {
 };
 
 /* AssignAddSampler.queries + render for one row of member k from its words w */
-static void aa_row(const struct aa_tables *t, i64 k, const u32 *w, i64 *tokens, i64 *label) {
+static void aa_row(const void *task, i64 k, const u32 *w, i64 *tokens, i64 *label) {
+    const struct aa_tables *t = task;
     const i64 N = t->modulus;
     /* the query core */
     i64 type = categorical(w[W_TYPE], t->type_thresholds + k * (N_TYPES - 1), N_TYPES - 1);
@@ -128,25 +145,12 @@ static void aa_row(const struct aa_tables *t, i64 k, const u32 *w, i64 *tokens, 
 /* tokens [K, S * B, 16] and labels [K, S * B] of K members at S steps (AssignAddSampler.__call__) */
 void assign_add_batches(const struct aa_tables *t, i64 K, i64 S, i64 B, const i64 *steps, const i64 *lane_a,
                         const i64 *lane_b, i64 site, i64 *tokens, i64 *labels) {
-    u32 w[ROW_WORDS];
-    for (i64 k = 0; k < K; k++)
-        for (i64 s = 0; s < S; s++) {
-            u32 a = (u32)lane_a[k], b = (u32)lane_b[k];
-            absorb(&a, &b, (u32)steps[s]);
-            for (i64 r = 0; r < B; r++) {
-                u32 ra = a, rb = b;
-                absorb(&ra, &rb, (u32)(site << 24 | r));
-                u32 odd = 2 * ra + 1;
-                for (int c = 0; c < ROW_WORDS; c++) w[c] = mix(rb ^ ((u32)c * odd));
-                i64 at = k * S * B + s * B + r;
-                aa_row(t, k, w, tokens + at * SEQ_LEN, labels + at);
-            }
-        }
+    walk_rows(t, aa_row, ROW_WORDS, SEQ_LEN, K, S, B, steps, lane_a, lane_b, site, tokens, labels);
 }
 
 /* ------------------------------------------------------------------ block lists */
 
-enum { KIND_RECALL = 0, KIND_KHOP, KIND_NGRAM, KIND_IOI, KIND_CONDITIONAL, MAX_ROW = 1024 };
+enum { KIND_RECALL = 0, KIND_KHOP, KIND_NGRAM, KIND_IOI, KIND_CONDITIONAL };
 
 struct blocklist_task {
     i64 kind, n_pairs, n_rare, n_blocks, burstiness, n_fill, bos, bos_token, composite, has_rare;
@@ -211,7 +215,8 @@ static void lehmer(i64 *x, i64 m, i64 n) {
 }
 
 /* BlockListTask.assemble + build + _lay_out + model_inputs for one row of member k from its words */
-static void blocklist_row(const struct blocklist_task *t, i64 k, const u32 *w, i64 *out, i64 *target) {
+static void blocklist_row(const void *task, i64 k, const u32 *w, i64 *out, i64 *target) {
+    const struct blocklist_task *t = task;
     /* arrays of the row's own sizes: a frame of fixed 1,024-element arrays (80 kB) cost more than the row */
     i64 v[t->n_choices];
     for (i64 j = 0; j < t->n_choices; j++)
@@ -286,18 +291,5 @@ static void blocklist_row(const struct blocklist_task *t, i64 k, const u32 *w, i
 /* tokens [K, S * B, seq_len] and targets [K, S * B] of K members at S steps (BlockListSampler's group) */
 void blocklist_batches(const struct blocklist_task *t, i64 K, i64 S, i64 B, const i64 *steps, const i64 *lane_a,
                        const i64 *lane_b, i64 site, i64 *tokens, i64 *targets) {
-    u32 w[MAX_ROW];
-    for (i64 k = 0; k < K; k++)
-        for (i64 s = 0; s < S; s++) {
-            u32 a = (u32)lane_a[k], b = (u32)lane_b[k];
-            absorb(&a, &b, (u32)steps[s]);
-            for (i64 r = 0; r < B; r++) {
-                u32 ra = a, rb = b;
-                absorb(&ra, &rb, (u32)(site << 24 | r));
-                u32 odd = 2 * ra + 1;
-                for (i64 c = 0; c < t->n_choices; c++) w[c] = mix(rb ^ ((u32)c * odd));
-                i64 at = k * S * B + s * B + r;
-                blocklist_row(t, k, w, tokens + at * t->seq_len, targets + at);
-            }
-        }
+    walk_rows(t, blocklist_row, t->n_choices, t->seq_len, K, S, B, steps, lane_a, lane_b, site, tokens, targets);
 }

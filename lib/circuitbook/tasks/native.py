@@ -115,14 +115,6 @@ class _AssignAddTables(ctypes.Structure):
                                  "layout_start", "layout_count")]
 
 
-def steps_of(step) -> torch.Tensor | None:
-    """The host steps of a call as an int64 tensor (None for a tensor step: the torch form makes it)."""
-    if torch.is_tensor(step):
-        return None
-    steps = list(step) if isinstance(step, (list, tuple, range)) else [step]
-    return torch.tensor(steps, dtype=torch.long)
-
-
 def agrees(native_call, torch_call, batch_size: int = 64, steps=(0, 1)) -> str:
     """'' when the kernel makes the very batches of the torch form at a few steps, else what differs."""
     for step in (list(steps), steps[-1]):
@@ -150,32 +142,43 @@ def kernel_for(sampler, kind, *args):
     return kernel
 
 
-class AssignAddKernel:
-    """`AssignAddSampler`'s batches made by `assign_add_batches` (the sampler's tables, kept alive here)."""
+class _Kernel:
+    """A sampler's batches made by native.c's `entry` from `args` (a ctypes struct over tables that `keep`
+    holds alive): tokens [K, S * B, seq_len] and labels [K, S * B] of S host steps (an int or a list)."""
+
+    entry: str
+
+    def __init__(self, stream, site: int, args: ctypes.Structure, keep, seq_len: int, lib: ctypes.CDLL):
+        self.stream, self.site, self.args, self.keep, self.seq_len = stream, site, args, keep, seq_len
+        self.function = getattr(lib, self.entry)
+        self.lanes = [stream.a.to("cpu", torch.long).contiguous(), stream.b.to("cpu", torch.long).contiguous()]
+
+    def __call__(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        steps = torch.tensor([check_step(s) for s in (step if isinstance(step, (list, tuple, range)) else [step])],
+                             dtype=torch.long)
+        K, S, B = self.stream.n_members, len(steps), batch_size
+        tokens = torch.empty(K, S * B, self.seq_len, dtype=torch.long)
+        labels = torch.empty(K, S * B, dtype=torch.long)
+        self.function(ctypes.byref(self.args), i64(K), i64(S), i64(B), _ptr(steps), _ptr(self.lanes[0]),
+                      _ptr(self.lanes[1]), i64(self.site), _ptr(tokens), _ptr(labels))
+        return tokens, labels
+
+
+class AssignAddKernel(_Kernel):
+    """`AssignAddSampler`'s batches made by `assign_add_batches` (the sampler's tables)."""
+
+    entry = "assign_add_batches"
 
     def __init__(self, sampler, lib: ctypes.CDLL, site: int):
-        self.lib, self.stream, self.site = lib, sampler.stream, site
         t, task = sampler.tables, sampler.task
         cpu = lambda x: x.to("cpu", torch.long).contiguous()  # noqa: E731
-        self.keep = {name: cpu(x) for name, x in (
+        keep = {name: cpu(x) for name, x in (
             ("type_thresholds", sampler.type_thresholds), ("pairs", sampler.pairs), ("n_pairs", sampler.n_pairs),
             ("repeats", sampler.repeats), ("row_vars", sampler.row_vars), ("n_row_vars", sampler.n_row_vars),
             ("left_table", sampler.left_table), ("left_count", sampler.left_count), *t.items())}
-        self.tables = _AssignAddTables(sampler.modulus, task.PAD, task.VAR0, task.PLUS, task.EQ,
-                                       sampler.pairs.shape[1], *(_ptr(self.keep[name]) for name, _ in
-                                                                 _AssignAddTables._fields_[6:]))
-        self.lanes = cpu(self.stream.a), cpu(self.stream.b)
-
-    def __call__(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        steps = steps_of(step)
-        for s in steps.tolist():
-            check_step(s)
-        K, S, B = self.stream.n_members, len(steps), batch_size
-        tokens = torch.empty(K, S * B, 16, dtype=torch.long)
-        labels = torch.empty(K, S * B, dtype=torch.long)
-        self.lib.assign_add_batches(ctypes.byref(self.tables), i64(K), i64(S), i64(B), _ptr(steps),
-                                    _ptr(self.lanes[0]), _ptr(self.lanes[1]), i64(self.site), _ptr(tokens), _ptr(labels))
-        return tokens, labels
+        tables = _AssignAddTables(sampler.modulus, task.PAD, task.VAR0, task.PLUS, task.EQ, sampler.pairs.shape[1],
+                                  *(_ptr(keep[name]) for name, _ in _AssignAddTables._fields_[6:]))
+        super().__init__(sampler.stream, site, tables, keep, task.seq_len, lib)
 
 
 class _BlockListTask(ctypes.Structure):
@@ -190,13 +193,14 @@ MAX_ROW = 1024  # native.c's largest row (choices, tokens)
 KIND_CODES = {"recall": 0, "khop": 1, "ngram": 2, "ioi": 3, "conditional": 4}  # native.c's enum of kinds
 
 
-class BlockListKernel:
+class BlockListKernel(_Kernel):
     """A `BlockListSampler` group's batches made by `blocklist_batches`: the choices of a row drawn from its
     words (`draws.below`, or `draws.categorical` with the member's thresholds where the group has laws), then
     `BlockListTask.assemble` and `model_inputs`, row by row."""
 
+    entry = "blocklist_batches"
+
     def __init__(self, group, lib: ctypes.CDLL, site: int):
-        self.lib, self.stream, self.site = lib, group.stream, site
         t, names = group.task, group.names
         if t.kind not in KIND_CODES:
             raise ValueError(f"kind {t.kind!r} is not one of native.c's {sorted(KIND_CODES)}")
@@ -210,31 +214,19 @@ class BlockListKernel:
         expected += [f"{p}{f}" for f in range(t.n_fill) for p in ("gap", "fill")] + ["offset"]
         if names != expected:
             raise ValueError(f"BlockListTask.choices() changed ({names[:8]}...): native.c reads {expected[:8]}...")
-        K, C = self.stream.n_members, len(names)
+        K, C = group.stream.n_members, len(names)
         law_start, law_count, laws = [0] * C, [0] * C, []
         for cols, thresholds, _ in group.laws:
             for j in range(cols.start, cols.stop):
                 law_start[j], law_count[j] = sum(x.shape[1] for x in laws), thresholds.shape[-1]
                 laws.append(thresholds.reshape(K, -1).cpu())
         law_table = torch.cat(laws, 1) if laws else torch.zeros(K, 1, dtype=torch.long)
-        self.keep = [x.to(torch.long).contiguous() for x in (group.sizes.cpu(), torch.tensor(law_start),
-                                                            torch.tensor(law_count), law_table)]
-        self.task = _BlockListTask(
+        keep = [x.to(torch.long).contiguous() for x in (group.sizes.cpu(), torch.tensor(law_start),
+                                                       torch.tensor(law_count), law_table)]
+        task = _BlockListTask(
             KIND_CODES[t.kind], t.n_pairs, t.n_rare, t.n_blocks, t.burstiness, t.n_fill, int(t.bos),
             t.bos_token if t.bos else -1, int(t.input_ids == "composite"), int(t.f_r > 0), t.chain_len,
             t.block_len, t.query_len, t.n_distractors, t.common_draws, t.n_common, t.n_tokens, t.seq_len, C,
             col["pair0"], col.get("rare", -1), col["canon0"], col["order0"], col.get("gap0", -1), col["offset"],
-            *(_ptr(x) for x in self.keep), law_table.shape[1])
-        self.seq_len = t.seq_len
-        self.lanes = self.stream.a.cpu().contiguous(), self.stream.b.cpu().contiguous()
-
-    def __call__(self, step, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        steps = steps_of(step)
-        for s in steps.tolist():
-            check_step(s)
-        K, S, B = self.stream.n_members, len(steps), batch_size
-        tokens = torch.empty(K, S * B, self.seq_len, dtype=torch.long)
-        targets = torch.empty(K, S * B, dtype=torch.long)
-        self.lib.blocklist_batches(ctypes.byref(self.task), i64(K), i64(S), i64(B), _ptr(steps), _ptr(self.lanes[0]),
-                                   _ptr(self.lanes[1]), i64(self.site), _ptr(tokens), _ptr(targets))
-        return tokens, targets
+            *(_ptr(x) for x in keep), law_table.shape[1])
+        super().__init__(group.stream, site, task, keep, t.seq_len, lib)
