@@ -139,12 +139,17 @@ SETTINGS = {s.name: s for s in [
             "visit's working tree): what a result's provenance names"),
     Setting("CIRCUITBOOK_CAPTURE", _flag, "1 replays the training step from a CUDA graph on a GPU (a visit sets it "
             "once the captured step's CUDA tests pass there); 0 (default) trains eagerly"),
+    Setting("CIRCUITBOOK_NATIVE", _flag, "1 (default) makes training batches on a CPU with the samplers' fused C "
+            "kernels (the same batches); 0 makes them with torch ops"),
+    Setting("CIRCUITBOOK_NATIVE_CACHE", _absolute, "where the compiled sampler kernels are kept (default "
+                                                    "~/.cache/circuitbook/native)"),
     Setting("CIRCUITBOOK_RAY_ADDRESS", _any, "the Ray cluster of a Ray build", internal=True),
     Setting("CIRCUITBOOK_RAY_RESOURCES", _any, "the resources of a notebook's Ray tasks", internal=True),
     Setting("CIRCUITBOOK_RESULTS_LABEL", _label, "the results label of the execution", internal=True),
     Setting("CIRCUITBOOK_EXECUTION_ID", _any, "the id of the execution", internal=True),
 ]}
-PATH_SETTINGS = ("CIRCUITBOOK_RUNS", "CIRCUITBOOK_ROOT", "CIRCUITBOOK_TINYSTORIES", "CIRCUITBOOK_MODEL_CACHE")
+PATH_SETTINGS = ("CIRCUITBOOK_RUNS", "CIRCUITBOOK_ROOT", "CIRCUITBOOK_TINYSTORIES", "CIRCUITBOOK_MODEL_CACHE",
+                 "CIRCUITBOOK_NATIVE_CACHE")
 
 
 def check_environment(environ=None) -> None:
