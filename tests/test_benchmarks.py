@@ -81,3 +81,14 @@ def test_data_vs_times_this_tree_beside_another_checkout_and_compares_the_batche
                           str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "not a circuitbook checkout" in bad.stderr
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_data_benchmark_times_the_data_of_a_run_whose_step_passes_max_step_s(tmp_path):
+    report = run_script("data.py", "--profile", "smoke", "--chapter", "book", "--repeats", "1", "--step-repeats", "1",
+                        "--max-step-s", "0.000001", out=tmp_path / "data.json")
+    rows = [r for r in report["results"] if "error" not in r]
+    assert rows
+    for row in rows:
+        assert row["step_ms"] is None and row["step_over_s"] == 1e-6 and row["data_share_of_step"] is None
+        assert row["data_ms_per_member_step"] > 0
+    assert ">1e-06 s" in (tmp_path / "data.txt").read_text()
