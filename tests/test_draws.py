@@ -127,6 +127,10 @@ def test_bad_keys_sites_shapes_and_step_tensors_are_refused():
         s.words(torch.tensor([[3], [4]]), 0, 4, 1)  # two members' steps for a one-member stream
     with pytest.raises(ValueError, match=r"\[1, S\] int64 tensor"):
         s.words(torch.tensor([[3]], dtype=torch.int32), 0, 4, 1)
+    with pytest.raises(ValueError, match=r"0-dim, \[1\] or \[1, S\] int64 tensor"):
+        s.words(torch.tensor([3, 4]), 0, 4, 1)  # two members' counters for a one-member stream
+    with pytest.raises(ValueError, match=r"0-dim, \[1\] int64 tensor"):
+        s.step_tensor(torch.tensor([[3]]))  # [K, S] only where asked for
 
 
 def test_steps_per_member_are_each_members_words_at_its_steps():

@@ -87,6 +87,11 @@ def check_batch_size(batch_size) -> int:
     return batch_size
 
 
+def steps_per_epoch(n_rows: int, batch_size: int) -> int:
+    """Steps of one epoch of n_rows rows at this batch size (the last batch short; a batch >= n_rows is one)."""
+    return max(1, -(-n_rows // batch_size))
+
+
 def one_member_batch(task, step: int, batch_size: int, key: int) -> Batch:
     """Member `key`'s batch at `step`, as the task's batched sampler makes it (on the CPU)."""
     tokens, labels = type(task).batch_sampler([task], [key], "cpu")(check_step(step), check_batch_size(batch_size))
@@ -171,7 +176,7 @@ class FixedDataset:
         return len(self.tokens)
 
     def steps_per_epoch(self, batch_size: int) -> int:
-        return max(1, -(-len(self) // batch_size))
+        return steps_per_epoch(len(self), batch_size)
 
     @classmethod
     def batch_sampler(cls, tasks: Sequence["FixedDataset"], keys: Sequence[int],
@@ -249,7 +254,7 @@ class EpochSampler:
         return torch.where(pos < self.size[:, None, None], self.first[:, None, None] + row, self.pad_row)
 
     def steps_per_epoch(self, batch_size: int) -> list[int]:
-        return [max(1, -(-n // batch_size)) for n in self.sizes]
+        return [steps_per_epoch(n, batch_size) for n in self.sizes]
 
     def window_epochs(self, batch_size: int) -> int:
         """E: the epochs whose orders one call makes for int steps (at least EPOCH_WINDOW_STEPS steps of the

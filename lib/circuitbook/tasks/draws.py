@@ -132,11 +132,15 @@ class Stream:
     def n_members(self) -> int:
         return len(self.a)
 
-    def step_tensor(self, step) -> "int | torch.Tensor":
-        """A Python int (checked) or an int64 tensor on this device (0-dim, or [K]: one counter per member)."""
+    def step_tensor(self, step, most_dims: int = 1) -> "int | torch.Tensor":
+        """A Python int (checked) or an int64 tensor on this device: 0-dim, [K] (one counter per member) or, with
+        most_dims=2, [K, S] (S steps of each member)."""
         if torch.is_tensor(step):
-            if step.dtype != torch.long or step.device != self.device or step.dim() > 1:
-                raise ValueError(f"step must be a 0-dim (or [members]) int64 tensor on {self.device}, got "
+            K = self.n_members
+            if (step.dtype != torch.long or step.device != self.device or step.dim() > most_dims
+                    or (step.dim() > 0 and len(step) != K)):
+                shapes = f"0-dim, [{K}]" + (f" or [{K}, S]" if most_dims == 2 else "")
+                raise ValueError(f"step must be a {shapes} int64 tensor on {self.device}, got "
                                  f"{step.dtype} {tuple(step.shape)} on {step.device}")
             return step
         return check_step(step)
@@ -160,12 +164,8 @@ class Stream:
                              f"{width}")
         if isinstance(step, (list, tuple, range)):
             step = torch.tensor([check_step(s) for s in step], dtype=torch.long, device=self.device)
-        elif torch.is_tensor(step) and step.dim() == 2:
-            if step.dtype != torch.long or step.device != self.device or len(step) != self.n_members:
-                raise ValueError(f"steps per member must be a [{self.n_members}, S] int64 tensor on {self.device}, "
-                                 f"got {step.dtype} {tuple(step.shape)} on {step.device}")
         else:
-            step = self.step_tensor(step)
+            step = self.step_tensor(step, most_dims=2)
             step = step[:, None] if torch.is_tensor(step) and step.dim() == 1 else step
         a, b = absorb(self.a[:, None], self.b[:, None], step)  # [K, S]
         a, b = absorb(a[:, :, None], b[:, :, None], self.arange(rows, site << ROW_BITS))  # [K, S, rows]
