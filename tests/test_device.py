@@ -191,13 +191,15 @@ spec = json.load(open(args[0]))
 t0 = time.time()
 time.sleep(1.0)
 json.dump({"name": spec["name"], "claims": spec["claims"], "status": "done", "t0": t0, "t1": time.time(),
-           "notebooks": [{"notebook": n, "status": "ok", "estimate_s": 1.0, "seconds": 1.0} for n in spec["notebooks"]]},
+           "notebooks": [{"notebook": n, "status": "ok", "estimate_s": 1.0, "seconds": 1.0} for n in spec["notebooks"]],
+           "estimates": spec["estimates"]},
           open(args[1], "w"))
 """
 
 
 def test_groups_run_side_by_side_as_many_as_the_slots_and_wait_for_what_they_read(mini_book, tmp_path):
     """The scheduling of a visit, with a stand-in for the process that executes a group."""
+    from circuitbook.plan import NOTEBOOK_OVERHEAD_S as host
     from circuitbook.plan import Group
     from circuitbook.visit import execute_side_by_side
 
@@ -207,7 +209,7 @@ def test_groups_run_side_by_side_as_many_as_the_slots_and_wait_for_what_they_rea
     fake.chmod(0o755)
 
     def group(name, after=()):
-        return Group([name], [], 1, 1.0, {name: 1.0}, [], list(after), {"num_cpus": 1, "num_gpus": 0.25})
+        return Group([name], [], 1, host + 1.0, {name: host + 1.0}, [], list(after), {"num_cpus": 1, "num_gpus": 0.25})
     chosen = [group("demo/01_make"), group("x/a"), group("x/b"), group("demo/02_use", after=["demo/01_make"])]
     summary = tmp_path / "groups.json"
     out = {"groups": []}
@@ -219,6 +221,11 @@ def test_groups_run_side_by_side_as_many_as_the_slots_and_wait_for_what_they_rea
     assert first["t0"] < second["t1"] and second["t0"] < first["t1"], "two slots: the first two overlap"
     assert third["t0"] >= min(first["t1"], second["t1"]) - 0.2, "the third waits for a free slot"
     assert runs["demo/02_use"]["t0"] >= first["t1"] - 0.2, "02 reads 01's values: it starts after 01 ends"
+    # every group's runs share the device with another group (the first's too: the second starts beside it)
+    from circuitbook.visit import _device_type, plan_throughput
+    shared = 2 / plan_throughput(2, _device_type())
+    assert first["estimates"]["demo/01_make"] == pytest.approx(host + shared)
+    assert second["estimates"]["x/a"] == pytest.approx(host + shared)
     # a group that reads values nobody makes here and nothing current holds is not run, and says why
     out = {"groups": []}
     execute_side_by_side([group("demo/02_use", after=["demo/01_make"])], "smoke", time.time() + 60, 2, out,
@@ -245,3 +252,13 @@ def test_a_visit_continues_from_what_is_published(mini_book, runs_dir, tmp_path,
     source.write_text(source.read_text().replace('"# 01_make"', '"# 01_make, edited"'))
     monkeypatch.setenv("CIRCUITBOOK_RUNS", str(tmp_path / "visit-store-2"))
     assert continue_published("smoke") == set()
+
+
+def test_a_notebooks_estimate_beside_others_slows_its_runs_not_its_allowance():
+    from circuitbook.plan import NOTEBOOK_OVERHEAD_S as host
+    from circuitbook.visit import shared_estimate
+
+    assert shared_estimate(host + 100.0, 1.0, 2.0) == pytest.approx(host + 200.0)  # the runs take twice as long
+    assert shared_estimate(host + 100.0, 1.5, 2.0) == pytest.approx(1.5 * (host + 200.0))  # and as slow as the visit so far
+    assert shared_estimate(host + 100.0, 1.0, 1.0) == pytest.approx(host + 100.0)  # alone: the plan's own
+    assert shared_estimate(host / 2, 1.0, 4.0) == pytest.approx(host / 2)  # nothing but allowance: not slowed

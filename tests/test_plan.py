@@ -170,14 +170,16 @@ def test_choose_groups_takes_the_largest_value_that_still_fits():
 
     big, cheap, dear, broken, small = (_group("big", 5, 200), _group("cheap", 2, 20), _group("dear", 2, 300),
                                        _group("broken", 9, 1, ["x: cannot plan it"]), _group("small", 0, 50))
-    chosen, skipped = choose_groups([small, dear, cheap, big, broken], 300)
+    chosen, skipped = choose_groups([small, dear, cheap, big, broken], 300, 1, "cuda")
     assert [g.name for g in chosen] == ["big", "cheap", "small"]
     assert [g.name for g, _ in skipped] == ["broken", "dear"]
     assert skipped[0][1] == "x: cannot plan it" and "needs ~5m 00s" in skipped[1][1]
-    assert choose_groups([big], 199)[0] == []
+    assert choose_groups([big], 199, 1, "cuda")[0] == []
     # side by side (4 slots, throughput 2.9 at 4): big and dear together take (200 + 300) ... not 500 s
-    chosen, _ = choose_groups([dear, big], 420, slots=4)
+    chosen, _ = choose_groups([dear, big], 420, 4, "cuda")
     assert [g.name for g in chosen] == ["big", "dear"]
+    # a CPU's processes share its cores: side by side they take as long as one after the other
+    assert [g.name for g in choose_groups([dear, big], 420, 2, "cpu")[0]] == ["big"]
 
 
 def test_a_group_comes_after_the_groups_whose_values_it_reads():
@@ -190,20 +192,27 @@ def test_a_group_comes_after_the_groups_whose_values_it_reads():
     assert [g.name for g in by_value([alone, a])] == ["lenses/05", "a/02"], "a value not made here: by value"
 
 
-def test_side_by_side_time_shares_the_gpu_as_measured():
+def test_side_by_side_time_shares_the_device_as_measured():
     from circuitbook.plan import SIDE_BY_SIDE_THROUGHPUT, side_by_side_seconds, slots_for, throughput
 
-    assert throughput(1) == 1.0 and throughput(4) == SIDE_BY_SIDE_THROUGHPUT[4]
-    assert throughput(2) == pytest.approx(1 + (SIDE_BY_SIDE_THROUGHPUT[4] - 1) / 3)
+    gpu = SIDE_BY_SIDE_THROUGHPUT["cuda"]
+    assert throughput(1, "cuda") == 1.0 and throughput(4, "cuda") == gpu[4]
+    assert throughput(2, "cuda") == pytest.approx(1 + (gpu[4] - 1) / 3)
     four = [_group(n, 1, 100.0) for n in "abcd"]
-    assert side_by_side_seconds(four, 1) == 400.0
-    assert side_by_side_seconds(four, 4) == pytest.approx(400 / SIDE_BY_SIDE_THROUGHPUT[4])
+    assert side_by_side_seconds(four, 1, "cuda") == 400.0
+    assert side_by_side_seconds(four, 4, "cuda") == pytest.approx(400 / gpu[4])
     # one long and one short group: the short one ends first, the long one then runs alone at full speed
     long, short = _group("long", 1, 300.0), _group("short", 1, 100.0)
-    t2 = throughput(2) / 2
-    assert side_by_side_seconds([long, short], 2) == pytest.approx(100 / t2 + (300 - 100) / 1.0)
-    assert slots_for(four, cpus=16) == 4 and slots_for(four, cpus=2) == 2
-    assert slots_for([_group("cpu only", 1, 1.0, gpus=0)], cpus=16) == 1
+    t2 = throughput(2, "cuda") / 2
+    assert side_by_side_seconds([long, short], 2, "cuda") == pytest.approx(100 / t2 + (300 - 100) / 1.0)
+    assert slots_for(four, "cuda", cpus=16) == 4 and slots_for(four, "cuda", cpus=2) == 2
+    assert slots_for([_group("cpu only", 1, 1.0, gpus=0)], "cuda", cpus=16) == 1
+    # a CPU: processes share its cores (one process's work gets done), two at a time at most
+    assert throughput(1, "cpu") == throughput(2, "cpu") == throughput(4, "cpu") == 1.0
+    assert throughput(3, "mps") == 1.0, "a device never measured is taken to share like a CPU"
+    assert side_by_side_seconds(four, 2, "cpu") == pytest.approx(400.0)
+    assert side_by_side_seconds([long, short], 2, "cpu") == pytest.approx(400.0)
+    assert slots_for(four, "cpu", cpus=16) == 2 and slots_for(four, "cpu", cpus=1) == 1
 
 
 def test_chapter_runs_resolves_that_chapters_parameters_and_calls_its_registry(runs_dir):

@@ -252,12 +252,16 @@ def _print_run(c: RunCost, out) -> None:
 NOTEBOOK_OVERHEAD_S = 15.0
 DEVICE_CALL_S = 480  # one call on a GPU machine that runs at most 10 minutes, with time to spare
 CALL_OVERHEAD_S = 150  # what scripts/device-run.sh spends besides the groups: install, CUDA tests, benchmarks, packing
-# Notebooks side by side on one GPU: the throughput of n processes training at once relative to one, measured on
-# the H200 of the first GPU visit (four Assign-and-Add K=64 trainings at once: 2.9x one alone,
-# ../shared/gpu-visits/2026-12-04/four-at-once.txt), straight lines between the measured points and 1 at n = 1.
-# The launch-bound steps of these models leave the GPU idle, which other processes fill.
-SIDE_BY_SIDE_THROUGHPUT = {1: 1.0, 4: 2.9}
-MAX_SIDE_BY_SIDE = 4
+# Notebooks side by side on one machine: the throughput of n processes training at once relative to one, by the
+# device they train on, straight lines between the measured points, 1 at n = 1 and the last point's value past it.
+# cuda: measured on the H200 of the first GPU visit (four Assign-and-Add K=64 trainings at once: 2.9x one alone,
+# ../shared/gpu-visits/2026-12-04/four-at-once.txt): the launch-bound steps of these models leave the GPU idle, which
+# other processes fill. cpu: torch's threads already keep every core busy, so processes side by side share the cores
+# and get one process's work done (measured on a 2-core machine: ten groups of the cpu profile, two at a time, took 955 s
+# where their planned times alone add up to 930 s, benchmarks/results/plan_vs_notebooks_cpu_gpu_curve.txt). A CPU runs
+# two at a time at most: that exercises the scheduling of a visit (`--dry-run`) and gains nothing.
+SIDE_BY_SIDE_THROUGHPUT = {"cuda": {1: 1.0, 4: 2.9}, "cpu": {1: 1.0}}
+MAX_SIDE_BY_SIDE = {"cuda": 4, "cpu": 2}
 
 
 @dataclass
@@ -349,7 +353,7 @@ def _in(label: str, groups_: list[Group]) -> bool:
     return any(label in g.notebooks for g in groups_)
 
 
-def choose_groups(candidates: list[Group], budget_s: float, slots: int = 1
+def choose_groups(candidates: list[Group], budget_s: float, slots: int, device_type: str
                   ) -> tuple[list[Group], list[tuple[Group, str]]]:
     """The groups to run within budget_s, `slots` at a time at most: by value (`by_value`), each one that
     still fits the time left of the side-by-side schedule; returns (chosen in that order, [(skipped, why)])."""
@@ -358,7 +362,7 @@ def choose_groups(candidates: list[Group], budget_s: float, slots: int = 1
         if g.problems:
             skipped.append((g, "; ".join(g.problems)))
             continue
-        wall = side_by_side_seconds(chosen + [g], slots)
+        wall = side_by_side_seconds(chosen + [g], slots, device_type)
         if wall > budget_s:
             skipped.append((g, f"needs ~{fmt_seconds(g.seconds)}; with the groups chosen before it the call would "
                                f"take ~{fmt_seconds(wall)} of {fmt_seconds(max(budget_s, 0))}"))
@@ -367,39 +371,44 @@ def choose_groups(candidates: list[Group], budget_s: float, slots: int = 1
     return chosen, skipped
 
 
-def throughput(n: int) -> float:
-    """How many processes' worth of work n processes training side by side on one GPU get done."""
-    if n in SIDE_BY_SIDE_THROUGHPUT:
-        return SIDE_BY_SIDE_THROUGHPUT[n]
-    points = sorted(SIDE_BY_SIDE_THROUGHPUT.items())
+def throughput(n: int, device_type: str) -> float:
+    """How many processes' worth of work n processes training side by side on one `device_type` get done
+    (a device type with no measurement is taken to share its cores as a CPU does)."""
+    measured = SIDE_BY_SIDE_THROUGHPUT.get(device_type, SIDE_BY_SIDE_THROUGHPUT["cpu"])
+    if n in measured:
+        return measured[n]
+    points = sorted(measured.items())
     for (a, ta), (b, tb) in zip(points, points[1:]):
         if a <= n <= b:
             return ta + (tb - ta) * (n - a) / (b - a)
     return points[-1][1] if n > points[-1][0] else float(n)
 
 
-def slots_for(groups_: list[Group], cpus: int | None = None) -> int:
-    """How many groups run side by side: as many as their GPU shares fit in one GPU and their CPUs in this
-    machine's, at most MAX_SIDE_BY_SIDE (1 for groups that ask for no GPU share: one at a time)."""
+def slots_for(groups_: list[Group], device_type: str, cpus: int | None = None) -> int:
+    """How many groups run side by side. On a GPU: as many as their GPU shares fit in one GPU and their CPUs in
+    this machine's, at most MAX_SIDE_BY_SIDE (1 for groups that ask for no GPU share: one at a time); elsewhere
+    two at most, one per CPU."""
     cpus = cpus or os.cpu_count() or 1
     if not groups_:
         return 1
+    if device_type != "cuda":
+        return max(1, min(MAX_SIDE_BY_SIDE["cpu"], cpus))
     gpu = max(g.resources.get("num_gpus", 0) for g in groups_)
     cpu = max(g.resources.get("num_cpus", 1) for g in groups_) or 1
     by_gpu = int(1 / gpu) if gpu > 0 else 1
-    return max(1, min(MAX_SIDE_BY_SIDE, by_gpu, int(cpus // cpu)))
+    return max(1, min(MAX_SIDE_BY_SIDE["cuda"], by_gpu, int(cpus // cpu)))
 
 
-def side_by_side_seconds(groups_: list[Group], slots: int) -> float:
-    """Wall time of the groups run in order, up to `slots` at once, sharing the GPU (`throughput`): each
-    running group advances at throughput(n) / n of its speed alone while n run."""
+def side_by_side_seconds(groups_: list[Group], slots: int, device_type: str) -> float:
+    """Wall time of the groups run in order, up to `slots` at once, sharing one `device_type` (`throughput`):
+    each running group advances at throughput(n) / n of its speed alone while n run."""
     if slots <= 1:
         return sum(g.seconds for g in groups_)
     waiting, running, now = [g.seconds for g in groups_], [], 0.0
     while waiting or running:
         while waiting and len(running) < slots:
             running.append(waiting.pop(0))
-        rate = throughput(len(running)) / len(running)
+        rate = throughput(len(running), device_type) / len(running)
         step = min(running) / rate
         now += step
         running = [r - step * rate for r in running if r - step * rate > 1e-9]
@@ -416,16 +425,16 @@ def print_groups(found: list[Group], device: torch.device, out=print) -> dict:
         after = f"; after {', '.join(g.after)}" if g.after else ""
         out(f"  {g.claims:>2} claims  ~{fmt_seconds(g.seconds):>8}  {', '.join(g.notebooks)}  [{fits}{after}]")
     plannable = [g for g in by_value(found) if not g.problems]
-    slots = slots_for(plannable) if device.type == "cuda" else 1
+    slots = slots_for(plannable, device.type)
     times = {"device": device_name(device), "groups": len(plannable),
              "unplanned": [g.name for g in found if g.problems],
              "seconds_one_at_a_time": round(sum(g.seconds for g in plannable), 1),
-             "seconds_side_by_side": round(side_by_side_seconds(plannable, slots), 1), "side_by_side": slots}
+             "seconds_side_by_side": round(side_by_side_seconds(plannable, slots, device.type), 1), "side_by_side": slots}
     out(f"the whole book ({len(plannable)} groups that could be planned): ~{fmt_seconds(times['seconds_one_at_a_time'])} "
         f"one at a time, ~{fmt_seconds(times['seconds_side_by_side'])} with {slots} side by side"
         + (f"; not planned: {', '.join(times['unplanned'])}" if times["unplanned"] else ""))
     budget = DEVICE_CALL_S - CALL_OVERHEAD_S
-    chosen, _ = choose_groups(found, budget, slots)
+    chosen, _ = choose_groups(found, budget, slots, device.type)
     out(f"one 8-minute call ({DEVICE_CALL_S} s, ~{CALL_OVERHEAD_S} s of it for installing, the CUDA tests, the "
         f"benchmarks and packing) runs: " + ("; ".join(f"{g.name} (~{fmt_seconds(g.seconds)})" for g in chosen)
                                               or "no group") + " (scripts/device-run.sh --budget-s 480)")

@@ -244,9 +244,9 @@ def _run_groups(profile: str, until: float, chapters: list[str] | None, summary_
     current = set() if redo_all else continue_published(profile)
     plans = plan.plan_book(profile, chapters, deadline=plan_until, skip=current | cpu_only(profile))
     found = plan.groups(plans, profile)
-    device_is_gpu = _device_type() == "cuda"
-    slots = plan.slots_for([g for g in found if not g.problems]) if device_is_gpu else min(2, os.cpu_count() or 1)
-    chosen, skipped = plan.choose_groups(found, until - time.time(), slots)
+    device_type = _device_type()
+    slots = plan.slots_for([g for g in found if not g.problems], device_type)
+    chosen, skipped = plan.choose_groups(found, until - time.time(), slots, device_type)
     times = plan.print_groups(found, plan.default_device(), out=lambda line: print(line, flush=True))
     if plan_json:
         from .runs import atomic_write_json
@@ -313,6 +313,7 @@ def execute_side_by_side(chosen: list, profile: str, until: float, slots: int, s
     work = summary_path.parent / "groups"
     work.mkdir(parents=True, exist_ok=True)
     todo, running, finished = list(chosen), {}, set()
+    device_type = _device_type()
     estimated = actual = 0.0  # of the groups that ended: their ratio scales the next estimates
     t_start = time.time()
 
@@ -336,7 +337,12 @@ def execute_side_by_side(chosen: list, profile: str, until: float, slots: int, s
                                           "status": "not run: it reads values of notebooks with no current result: "
                                                     + ", ".join(a for a in g.after if not current(a))})
                 continue
-            wall = g.seconds * scale * (len(running) + 1) / plan_throughput(len(running) + 1)
+            # it shares the device with the groups running and, while others wait, with as many as the slots hold
+            # (the first group of a visit is not alone for long)
+            sharing = min(slots, len(running) + len(todo))
+            slowdown = sharing / plan_throughput(sharing, device_type)
+            estimates = {label: shared_estimate(s, scale, slowdown) for label, s in g.notebook_seconds.items()}
+            wall = sum(estimates.values())
             if time.time() + wall > until:
                 todo.remove(g)
                 summary["groups"].append({"name": g.name, "notebooks": [], "claims": g.claims, "estimate_s": g.seconds,
@@ -344,8 +350,7 @@ def execute_side_by_side(chosen: list, profile: str, until: float, slots: int, s
                                                     f"{max(0.0, until - time.time()):.0f} s left"})
                 continue
             todo.remove(g)
-            slowdown = (len(running) + 1) / plan_throughput(len(running) + 1)  # sharing the GPU with the others
-            running[g.name] = _start_group(g, profile, until, scale * slowdown, work, python)
+            running[g.name] = _start_group(g, profile, until, estimates, work, python)
             running[g.name]["entry"] = {"name": g.name, "notebooks": [], "claims": g.claims, "estimate_s": g.seconds,
                                         "status": "running", "started_s": round(time.time() - t_start, 1)}
             summary["groups"].append(running[g.name]["entry"])  # in the order they started
@@ -371,17 +376,28 @@ def execute_side_by_side(chosen: list, profile: str, until: float, slots: int, s
     return 0
 
 
-def plan_throughput(n: int) -> float:
+def plan_throughput(n: int, device_type: str) -> float:
     from .plan import throughput
 
-    return throughput(n)
+    return throughput(n, device_type)
 
 
-def _start_group(g, profile: str, until: float, scale: float, work: Path, python: str | None) -> dict:
+def shared_estimate(seconds: float, scale: float, slowdown: float) -> float:
+    """A notebook's planned seconds alone (`plan.Group.notebook_seconds`: its runs' training and evaluation, then
+    the allowance for a kernel's start, imports and analysis) as it will run beside other groups: its runs share
+    the device (`slowdown`); the allowance is host work of one process, which sharing does not slow. `scale`: how
+    much slower than planned the visit's notebooks ran so far."""
+    from .plan import NOTEBOOK_OVERHEAD_S
+
+    host = min(seconds, NOTEBOOK_OVERHEAD_S)
+    return ((seconds - host) * slowdown + host) * scale
+
+
+def _start_group(g, profile: str, until: float, estimates: dict, work: Path, python: str | None) -> dict:
     spec = work / f"{abs(hash(g.name)):x}.json"
     out = spec.with_suffix(".summary.json")
     spec.write_text(json.dumps({"name": g.name, "notebooks": g.notebooks, "claims": g.claims,
-                                "estimates": {k: v * scale for k, v in g.notebook_seconds.items()}}))
+                                "estimates": estimates}))
     cmd = [python or sys.executable, "-m", "circuitbook.visit", "group", "--profile", profile, "--until", str(until),
            "--spec", str(spec), "--summary", str(out)]
     log_file = open(spec.with_suffix(".log"), "w")
