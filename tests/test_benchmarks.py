@@ -92,3 +92,51 @@ def test_data_benchmark_times_the_data_of_a_run_whose_step_passes_max_step_s(tmp
         assert row["step_ms"] is None and row["step_over_s"] == 1e-6 and row["data_share_of_step"] is None
         assert row["data_ms_per_member_step"] > 0
     assert ">1e-06 s" in (tmp_path / "data.txt").read_text()
+
+
+PLAN_VS_SUMMARY = {  # a visit's summary: two groups side by side, one notebook under its plan, two over
+    "profile": "cpu", "status": "done", "slots": 2,
+    "plan": {"seconds_one_at_a_time": 400.0, "seconds_side_by_side": 400.0, "side_by_side": 2},
+    "skipped": [],
+    "groups": [
+        {"name": "a/02 (+1)", "status": "done", "ended_s": 300.0, "estimate_s": 250.0,
+         "notebooks": [{"notebook": "a/02", "status": "ok", "estimate_s": 200.0, "seconds": 250.0},
+                       {"notebook": "a/03", "status": "ok", "estimate_s": 50.0, "seconds": 20.0}]},
+        {"name": "b/01", "status": "done", "ended_s": 500.0, "estimate_s": 150.0,
+         "notebooks": [{"notebook": "b/01", "status": "ok", "estimate_s": 150.0, "seconds": 100.0}]},
+    ]}
+
+
+def test_plan_vs_tabulates_the_plan_beside_what_each_notebook_took(tmp_path):
+    summary = tmp_path / "groups.json"
+    summary.write_text(json.dumps(PLAN_VS_SUMMARY))
+    report = run_script("plan_vs.py", "--summary", str(summary), out=tmp_path / "plan_vs.json")
+    rows = {r["notebook"]: r for r in report["rows"]}
+    assert rows["a/02"]["plan_over_took"] == 0.8 and rows["a/02"]["within"]  # 200 / 250: 20% under
+    assert rows["a/03"]["plan_over_took"] == 2.5 and not rows["a/03"]["within"]
+    assert rows["b/01"]["plan_over_took"] == 1.5 and not rows["b/01"]["within"]
+    assert report["whole"]["within"] == 1 and report["whole"]["notebooks"] == 3
+    assert report["whole"]["wall_s"] == 500.0 and report["whole"]["plan_over_wall"] == 0.8
+    # a summary with a skipped group: no whole-run comparison, and the text says why
+    skipped = {**PLAN_VS_SUMMARY, "skipped": [{"name": "c/01", "why": "needs more time"}]}
+    summary.write_text(json.dumps(skipped))
+    report = run_script("plan_vs.py", "--summary", str(summary), out=tmp_path / "plan_vs2.json")
+    assert "plan_over_wall" not in report["whole"]
+    assert "not compared" in (tmp_path / "plan_vs2.txt").read_text()
+
+
+@pytest.mark.parametrize("args, named", [(["--profile", "huge"], "huge"), (["--summary", "/nonexistent.json"], "--summary"),
+                                         (["--minutes", "0"], "--minutes")])
+def test_plan_vs_refuses_bad_input_before_running_anything(tmp_path, args, named):
+    out = tmp_path / "plan_vs.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plan_vs.py"), *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and named in done.stderr and not out.exists()
+
+
+def test_plan_vs_reports_a_damaged_summary_by_path(tmp_path):
+    summary, out = tmp_path / "groups.json", tmp_path / "plan_vs.json"
+    summary.write_text('{"groups": [')  # cut off mid-write
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plan_vs.py"), "--summary", str(summary),
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and str(summary) in done.stderr and not out.exists()
